@@ -1,0 +1,44 @@
+"""nbdist: a PyTorch RPC world started from a notebook cell.
+
+``%load_ext nbdist`` then ``%dist_start 4``: the notebook is rank 0, four worker processes are
+ranks 1..4, and code defined in ordinary cells works in ``rpc_sync``/``rpc_async``/``remote``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .cluster import Cluster, current, start, stop
+from .errors import (ClusterStateError, DistCellError, DistTimeoutError, NbdistError,
+                     RemoteError, StartError, WorkerDiedError)
+from .metrics import clear_history, export_history, history, history_frame, log
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Cluster",
+    "ClusterStateError",
+    "DistCellError",
+    "DistTimeoutError",
+    "NbdistError",
+    "RemoteError",
+    "StartError",
+    "WorkerDiedError",
+    "__version__",
+    "clear_history",
+    "current",
+    "export_history",
+    "history",
+    "history_frame",
+    "load_ipython_extension",
+    "log",
+    "start",
+    "stop",
+]
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext nbdist``: register the magics."""
+    from .magics import DistMagics
+
+    ipython.register_magics(DistMagics)

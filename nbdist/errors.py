@@ -1,0 +1,91 @@
+"""Every exception nbdist raises, in one place.
+
+Hierarchy::
+
+    NbdistError                  base of everything nbdist raises on purpose
+    ├── ClusterStateError        no world is running, or one already is
+    ├── StartError               a world could not be started (names the rank and why)
+    ├── WorkerDiedError          a rank died; says how (exit code or signal)
+    ├── DistTimeoutError         a wait ran past its deadline; names rank and what it waited for
+    └── RemoteError              code raised on a worker; carries the remote traceback
+        └── DistCellError        a ``%%dist`` cell failed on one or more ranks
+
+User mistakes made through magics become ``IPython.core.error.UsageError`` in ``magics.py``;
+the same mistakes through the Python API raise ``ValueError`` with the same message.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = [
+    "ClusterStateError",
+    "DistCellError",
+    "DistTimeoutError",
+    "NbdistError",
+    "RankFailure",
+    "RemoteError",
+    "StartError",
+    "WorkerDiedError",
+]
+
+
+class NbdistError(RuntimeError):
+    """Base class of the errors nbdist raises on purpose."""
+
+
+class ClusterStateError(NbdistError):
+    """The call needs a running world and there is none, or the reverse."""
+
+
+class StartError(NbdistError):
+    """A world could not be started; nothing is left running."""
+
+
+class WorkerDiedError(NbdistError):
+    """A worker rank died while something waited on it."""
+
+    def __init__(self, rank: int, name: str, reason: str, waiting_for: str = "") -> None:
+        self.rank, self.name, self.reason = rank, name, reason
+        what = f" while {waiting_for}" if waiting_for else ""
+        super().__init__(f"rank {rank} ({name}) died{what}: {reason}")
+
+
+class DistTimeoutError(NbdistError, TimeoutError):
+    """A wait ran past its deadline."""
+
+
+@dataclass
+class RankFailure:
+    """What one rank raised: exception type name, message and formatted traceback."""
+
+    rank: int
+    name: str
+    etype: str
+    message: str
+    traceback: str
+
+    def headline(self) -> str:
+        return f"[{self.name}] {self.etype}: {self.message}"
+
+
+class RemoteError(NbdistError):
+    """An exception raised by code running on another rank."""
+
+    def __init__(self, failures: list[RankFailure], summary: str = "") -> None:
+        self.failures = failures
+        heads = "; ".join(f.headline() for f in failures)
+        super().__init__(summary + heads if summary else heads)
+
+    def _render_traceback_(self) -> list[str]:
+        """IPython calls this instead of printing our local frames."""
+        lines = [f"{type(self).__name__}: {self.args[0]}"]
+        for f in self.failures:
+            lines.append("")
+            lines.append(f"--- rank {f.rank} ({f.name}) ---")
+            lines.extend(f.traceback.rstrip("\n").splitlines())
+        return lines
+
+
+class DistCellError(RemoteError):
+    """A ``%%dist`` cell raised on some ranks; the others' output was still shown."""

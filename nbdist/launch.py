@@ -1,0 +1,164 @@
+"""How worker processes are started, watched and killed, seen from the notebook.
+
+``Template`` owns the warm template process (``nbdist.template``): it starts it, asks it to
+fork workers, learns their exit statuses from it, and can signal them through it. The template
+outlives single worlds so a restart does not pay for ``import torch`` again.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from multiprocessing.connection import Connection
+from typing import Any, Callable
+
+from .errors import DistTimeoutError, StartError
+
+__all__ = ["Template", "describe_exit"]
+
+
+def describe_exit(code: int | None) -> str:
+    """Human words for an exit code from ``os.waitstatus_to_exitcode``."""
+    if code is None:
+        return "running"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        what = {"SIGSEGV": " (segmentation fault)", "SIGKILL": " (killed)",
+                "SIGABRT": " (aborted)", "SIGBUS": " (bus error)"}.get(name, "")
+        return f"killed by {name}{what}"
+    return f"exited with code {code}"
+
+
+class Template:
+    """Client side of one warm template process."""
+
+    def __init__(self, runtime_dir: str) -> None:
+        self.runtime_dir = runtime_dir
+        self.proc: subprocess.Popen | None = None
+        self.conn: Connection | None = None
+        self._lock = threading.Lock()
+        self.on_exit: Callable[[int, int], None] | None = None
+        self._spawned: dict[int, int] = {}  # rank -> pid, for the spawn in progress
+        self._reader: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._spawn_cv = threading.Condition()
+
+    # -- life cycle -------------------------------------------------------------------------
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None and self.conn is not None
+
+    def ensure_started(self) -> None:
+        """Start the template if it is not running (returns at once; ``wait_ready`` waits)."""
+        if self.alive():
+            return
+        self.close()
+        ours, theirs = socket.socketpair()
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "nbdist.template", str(theirs.fileno()), self.runtime_dir],
+            pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            env=env, close_fds=True,
+        )
+        theirs.close()
+        self.conn = Connection(ours.detach())
+        self._ready.clear()
+        self._reader = threading.Thread(target=self._read_loop, args=(self.conn,),
+                                        name="nbdist-template-reader", daemon=True)
+        self._reader.start()
+
+    def wait_ready(self, deadline: float) -> None:
+        while not self._ready.wait(0.05):
+            if self.proc is None or self.proc.poll() is not None:
+                code = None if self.proc is None else self.proc.returncode
+                raise StartError(f"the worker template process {describe_exit(code)} while "
+                                 "importing torch; run `python -c 'import torch.distributed.rpc'` "
+                                 "to see why")
+            if time.monotonic() > deadline:
+                raise DistTimeoutError("timed out waiting for the worker template process to "
+                                       "import torch")
+
+    def _read_loop(self, conn: Connection) -> None:
+        while True:
+            try:
+                msg = conn.recv()
+            except (EOFError, OSError):
+                self._ready.clear()
+                return
+            kind = msg[0]
+            if kind == "ready":
+                self._ready.set()
+            elif kind == "spawned":
+                with self._spawn_cv:
+                    self._spawned[msg[1]] = msg[2]
+                    self._spawn_cv.notify_all()
+            elif kind == "exited" and self.on_exit is not None:
+                self.on_exit(msg[1], msg[2])
+
+    # -- requests ---------------------------------------------------------------------------
+    def _send(self, msg: Any) -> None:
+        with self._lock:
+            if self.conn is None:
+                raise StartError("the worker template process is not running")
+            self.conn.send(msg)
+
+    def spawn(self, configs: list[dict], deadline: float) -> dict[int, int]:
+        """Fork one worker per config; returns rank -> pid."""
+        with self._spawn_cv:
+            self._spawned = {}
+        for cfg in configs:
+            self._send(("spawn", cfg))
+        want = {c["rank"] for c in configs}
+        with self._spawn_cv:
+            while not want <= set(self._spawned):
+                if not self.alive():
+                    raise StartError("the worker template process died while forking workers")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise DistTimeoutError("timed out waiting for the template to fork workers")
+                self._spawn_cv.wait(min(left, 0.1))
+            return dict(self._spawned)
+
+    def kill(self, pids: list[int], sig: int = signal.SIGKILL) -> None:
+        """Signal workers; a worker's pid is only signalled while the template knows it."""
+        try:
+            self._send(("kill", list(pids), int(sig)))
+        except (OSError, StartError):
+            for pid in pids:  # template gone: its children got SIGKILL already, but be sure
+                try:
+                    os.kill(pid, sig)
+                except (ProcessLookupError, PermissionError):
+                    pass
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.proc is None else self.proc.pid
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the template and with it every worker it forked."""
+        proc, conn, reader = self.proc, self.conn, self._reader
+        self.proc = self.conn = self._reader = None
+        if conn is not None:
+            try:
+                with self._lock:
+                    conn.send(("exit",))
+            except OSError:
+                pass
+        if proc is not None:
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout)
+        if reader is not None:
+            reader.join(timeout)  # sees EOF once the template is gone; then the fd is ours
+        if conn is not None:
+            conn.close()

@@ -1,0 +1,158 @@
+"""Small, pinned patches to torch.distributed.rpc that a notebook needs.
+
+- ``rpc_sync`` called from the main thread waits in an interruptible way, and gives up early
+  with ``WorkerDiedError`` when the destination rank is known to be dead.
+- Every Python function an RPC runs on this rank is registered while it runs, so an interrupt
+  can reach it (``interrupt_rpc_threads``).
+- ``reset_world_state`` clears the per-process counters that make a second ``init_rpc`` in one
+  process hang (see anchors: ``_init_counter`` and the ``_all_gather`` sequence ids).
+- ``quiet_warnings`` hides torch's per-rank deprecation noise, nothing else.
+
+These touch private torch names; ``tests/test_torch_pins.py`` fails loudly if a torch upgrade
+moves them.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import threading
+import traceback
+import warnings
+from typing import Any, Callable
+
+__all__ = [
+    "install_caller",
+    "install_callee",
+    "interrupt_rpc_threads",
+    "quiet_warnings",
+    "reset_world_state",
+    "set_death_check",
+    "wait_future",
+]
+
+_active_lock = threading.Lock()
+_active: dict[int, int] = {}
+_death_check: Callable[[Any], None] | None = None
+_after_call: Callable[[], None] | None = None
+_caller_installed = False
+_callee_installed = False
+
+NOISE = (
+    r".*ProcessGroupGloo.*",
+    r".*TorchScript.*deprecat.*",
+    r".*torch\.jit\..*deprecat.*",
+    r".*`torch\.jit\.script` is deprecated.*",
+)
+
+
+def quiet_warnings() -> None:
+    """Ignore torch's known per-rank deprecation warnings (user warnings still show)."""
+    for pattern in NOISE:
+        warnings.filterwarnings("ignore", message=pattern)
+
+
+def set_death_check(check: Callable[[Any], None] | None) -> None:
+    """``check(dest)`` raises when ``dest`` (name, rank or WorkerInfo) is known dead."""
+    global _death_check
+    _death_check = check
+
+
+def wait_future(fut: Any, dest: Any = None, poll: float = 0.1) -> Any:
+    """``fut.wait()`` that Ctrl-C can interrupt and that notices a dead destination."""
+    if fut.done() or threading.current_thread() is not threading.main_thread():
+        return fut.wait()
+    done = threading.Event()
+    fut.add_done_callback(lambda _f: done.set())
+    while not done.wait(poll):
+        check = _death_check
+        if check is not None and dest is not None:
+            check(dest)
+    return fut.wait()
+
+
+def install_caller() -> None:
+    """Route ``rpc.rpc_sync`` through ``wait_future`` (idempotent)."""
+    global _caller_installed
+    if _caller_installed:
+        return
+    import torch.distributed.rpc as rpc
+    from torch.distributed.rpc import api
+    from torch.distributed.rpc.constants import UNSET_RPC_TIMEOUT
+
+    original = api.rpc_sync
+
+    @api._require_initialized
+    def rpc_sync(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT):
+        fut = api._invoke_rpc(to, func, api.RPCExecMode.SYNC, args, kwargs, timeout)
+        return wait_future(fut, to)
+
+    rpc_sync.__doc__ = original.__doc__
+    rpc_sync.__wrapped__ = original  # type: ignore[attr-defined]
+    api.rpc_sync = rpc_sync
+    rpc.rpc_sync = rpc_sync
+    _caller_installed = True
+
+
+def install_callee(after_call: Callable[[], None] | None = None) -> None:
+    """Track the threads that run Python RPC functions on this rank (idempotent).
+
+    ``after_call`` runs when each function returns, before the reply is sent (workers use it
+    to flush printed output, so it reaches the notebook ahead of the RPC's result).
+    """
+    global _callee_installed, _after_call
+    if after_call is not None:
+        _after_call = after_call
+    if _callee_installed:
+        return
+    from torch.distributed.rpc import internal
+
+    original = internal._run_function
+
+    def _run_function(python_udf):
+        tid = threading.get_ident()
+        with _active_lock:
+            _active[tid] = _active.get(tid, 0) + 1
+        try:
+            return original(python_udf)
+        except KeyboardInterrupt:
+            from torch._C._distributed_rpc import _get_current_rpc_agent
+
+            where = _get_current_rpc_agent().get_worker_info()
+            msg = f"On {where}:\nKeyboardInterrupt: interrupted\n{traceback.format_exc()}"
+            return internal.RemoteException(msg, KeyboardInterrupt)
+        finally:
+            if _after_call is not None:
+                _after_call()
+            with _active_lock:
+                left = _active[tid] - 1
+                if left:
+                    _active[tid] = left
+                else:
+                    del _active[tid]
+
+    internal._run_function = _run_function
+    _callee_installed = True
+
+
+def interrupt_rpc_threads() -> int:
+    """Raise KeyboardInterrupt in every thread now running an RPC function; returns how many."""
+    with _active_lock:
+        tids = list(_active)
+    for tid in tids:
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(tid),
+                                                   ctypes.py_object(KeyboardInterrupt))
+    return len(tids)
+
+
+def reset_world_state() -> None:
+    """Forget the per-process RPC counters so this process can join a fresh world."""
+    import torch.distributed.rpc as rpc
+    from torch.distributed.rpc import api
+
+    with rpc._init_counter_lock:
+        rpc._init_counter = 0
+    with api._all_gather_dict_lock:
+        api._all_gather_sequence_id.clear()
+        api._all_gather_sequence_id_to_states = collections.defaultdict(
+            api._all_gather_sequence_id_to_states.default_factory)

@@ -1,0 +1,129 @@
+"""Notebook-defined code over torch RPC: functions and classes travel by value.
+
+torch RPC pickles callables by reference, so a function defined in a notebook cell (it lives in
+the kernel's ``__main__``) cannot be found by a worker. ``install()`` swaps the pickler that
+torch's RPC layer uses for one built on ``cloudpickle``: functions and classes that cannot be
+imported by name travel by value, while torch's own reducers for tensors, ``RRef`` and
+``ScriptModule`` stay in charge of those objects. The receiving side needs nothing but
+``pickle`` and ``cloudpickle``.
+
+A by-value function also carries the source lines of the notebook cell it came from, so a
+traceback raised on a worker shows the cell's code, not just its line numbers.
+"""
+
+from __future__ import annotations
+
+import io
+import linecache
+import os
+import pickle
+import types
+from collections import ChainMap
+from typing import Any, Callable
+
+import cloudpickle
+
+__all__ = ["install", "installed", "dumps"]
+
+_installed = False
+
+
+def _with_source(filename: str, lines: list[str], make: Callable, args: tuple) -> Any:
+    """Unpickling hook: register a cell's source lines, then build the function."""
+    if filename not in linecache.cache:
+        linecache.cache[filename] = (sum(map(len, lines)), None, lines, filename)
+    return make(*args)
+
+
+def _cell_source(filename: str) -> list[str] | None:
+    """Source lines of a notebook cell known to this process's linecache, if any."""
+    if not filename or os.path.exists(filename):
+        return None
+    entry = linecache.cache.get(filename)
+    if entry is None or not isinstance(entry, tuple) or len(entry) < 3 or not entry[2]:
+        return None
+    return list(entry[2])
+
+
+def _reduce_method(m: types.MethodType) -> Any:
+    """Bound methods as plain pickle does it, ``getattr(owner, name)``.
+
+    cloudpickle's own method reducer splits a method into function + owner, which ships
+    classmethods of importable classes (torch's tensor receiver among them) by value.
+    """
+    return m.__reduce__()
+
+
+class ShippingPickler(cloudpickle.Pickler):
+    """cloudpickle's by-value reducers plus the cell source of each shipped function."""
+
+    def __init__(self, file: Any, protocol: int | None = None,
+                 dispatch_table: Any = None) -> None:
+        # The C pickler reads ``dispatch_table`` once, in __init__, and cloudpickle's class
+        # attribute shadows the C-level setter: so it must be in place before __init__.
+        if dispatch_table is not None:
+            self.dispatch_table = dispatch_table
+        super().__init__(file, protocol=protocol)
+
+    def reducer_override(self, obj: Any) -> Any:
+        rv = super().reducer_override(obj)
+        if rv is not NotImplemented and isinstance(obj, types.FunctionType):
+            filename = obj.__code__.co_filename
+            lines = _cell_source(filename)
+            if lines is not None:
+                return (_with_source, (filename, lines, rv[0], rv[1]), *rv[2:])
+        return rv
+
+
+def dumps(obj: Any) -> bytes:
+    """Pickle with the shipping rules (used by ``%%dist`` and the tests)."""
+    buf = io.BytesIO()
+    ShippingPickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    return buf.getvalue()
+
+
+def _serialize(self: Any, obj: Any) -> tuple[bytes, list]:
+    """Drop-in for ``_InternalRPCPickler.serialize`` (same tensor-table protocol)."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.rpc import internal
+
+    table = dict(self._dispatch_table)
+    table[dist.rpc.PyRRef] = self._py_rref_reducer
+    table[dist.rpc.RRef] = self._rref_reducer
+    table[types.MethodType] = _reduce_method
+    if isinstance(obj, torch.jit.ScriptModule):
+        table[obj.__class__] = self._script_module_reducer
+    table.update(self._class_reducer_dict)
+    f = io.BytesIO()
+    p = ShippingPickler(f, protocol=pickle.HIGHEST_PROTOCOL,
+                        dispatch_table=ChainMap(table, cloudpickle.Pickler.dispatch_table))
+
+    tables = internal._thread_local_tensor_tables
+    old = getattr(tables, "send_tables", None)
+    tables.send_tables = []
+    try:
+        p.dump(obj)
+        tensors = tables.send_tables
+    finally:
+        if old is not None:
+            tables.send_tables = old
+        else:
+            del tables.send_tables
+    return f.getvalue(), tensors
+
+
+def install() -> None:
+    """Make torch RPC ship notebook-defined code by value in this process (idempotent)."""
+    global _installed
+    if _installed:
+        return
+    from torch.distributed.rpc import internal
+
+    pickler = internal._internal_rpc_pickler
+    pickler.serialize = types.MethodType(_serialize, pickler)
+    _installed = True
+
+
+def installed() -> bool:
+    return _installed

@@ -1,0 +1,147 @@
+"""The shape of a world, checked before anything starts: sizes, names, rank selections."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field, replace
+
+__all__ = ["WorldSpec", "max_workers", "parse_ranks"]
+
+_NAME = re.compile(r"^[A-Za-z0-9_:\-]{1,127}$")
+# A worker costs roughly this much memory of its own (private pages after fork from the warm
+# template, RPC agent and threads); measured on torch 2.13 CPU, rounded up.
+WORKER_MB = 160
+HARD_LIMIT = 256
+
+
+def _available_mb() -> int:
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available / 2**20)
+    except Exception:
+        return 8192
+
+
+def max_workers() -> int:
+    """The most worker ranks this machine can hold right now, and never more than 256."""
+    return max(1, min(HARD_LIMIT, (_available_mb() - 1024) // WORKER_MB))
+
+
+@dataclass(frozen=True)
+class WorldSpec:
+    """Everything needed to start a world; ``validate`` says what is wrong in user terms."""
+
+    n: int
+    name: str = "worker0"
+    worker_name: str = "worker{rank}"
+    threads: int | None = None
+    rpc_timeout: float = 60.0
+    process_group: str | None = None
+    start_timeout: float = 60.0
+    env: dict = field(default_factory=dict, compare=False)
+
+    def validate(self) -> WorldSpec:
+        n = self.n
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise ValueError(f"the number of workers must be a whole number, got {n!r}; "
+                             "for example `%dist_start 4`")
+        if n < 1:
+            raise ValueError(f"the number of workers must be at least 1, got {n}; the notebook "
+                             "is rank 0 and workers are ranks 1..N, e.g. `%dist_start 2`")
+        limit = max_workers()
+        if n > limit:
+            avail = _available_mb()
+            raise ValueError(
+                f"{n} workers will not fit: each needs about {WORKER_MB} MB and this machine has "
+                f"{avail / 1024:.1f} GiB available, so at most {limit} can start "
+                f"(hard limit {HARD_LIMIT}). Ask for fewer, e.g. `%dist_start {min(limit, 4)}`")
+        if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
+            raise ValueError(f"--threads must be a positive whole number, got {self.threads!r}")
+        if not self.rpc_timeout > 0:
+            raise ValueError(f"--rpc-timeout must be a positive number of seconds, "
+                             f"got {self.rpc_timeout!r}")
+        if self.process_group not in (None, "gloo"):
+            raise ValueError(f"--process-group {self.process_group!r} is not supported here; "
+                             "use `--process-group gloo` (CPU collectives, DDP)")
+        names = self.names()
+        for rank, nm in enumerate(names):
+            if not _NAME.match(nm):
+                raise ValueError(f"invalid name {nm!r} for rank {rank}: use letters, digits, "
+                                 "'_', ':' or '-', at most 127 characters")
+        seen: dict[str, int] = {}
+        for rank, nm in enumerate(names):
+            if nm in seen:
+                raise ValueError(f"duplicate name {nm!r} (ranks {seen[nm]} and {rank}); every "
+                                 "rank needs its own name: put {rank} in --worker-name, e.g. "
+                                 "`--worker-name obs{rank}`")
+            seen[nm] = rank
+        return self
+
+    def names(self) -> list[str]:
+        """Rank 0's name, then each worker's, formatted from ``worker_name``."""
+        fmt = self.worker_name
+        if "{rank}" not in fmt and self.n > 1:
+            raise ValueError(f"--worker-name {fmt!r} has no {{rank}}, so {self.n} workers would "
+                             "share one name; use e.g. `--worker-name obs{rank}` (a fixed name "
+                             "is fine with one worker)")
+        try:
+            workers = [fmt.format(rank=r) for r in range(1, self.n + 1)]
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ValueError(f"--worker-name {fmt!r} is not a valid pattern ({exc}); the only "
+                             "field is {rank}, e.g. `obs{rank}`") from None
+        return [self.name, *workers]
+
+    def with_changes(self, **changes) -> WorldSpec:
+        return replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+    @property
+    def world_size(self) -> int:
+        return self.n + 1
+
+    def thread_count(self) -> int:
+        if self.threads is not None:
+            return self.threads
+        return max(1, (os.cpu_count() or 1) // (self.n + 1))
+
+
+def parse_ranks(spec: str | int | list | tuple | None, names: list[str]) -> list[int]:
+    """``"1,3"``, ``"1-3"``, ``"obs2"``, ``[1, 2]`` or None (all workers) -> sorted ranks."""
+    workers = list(range(1, len(names)))
+    if spec is None:
+        return workers
+    items: list = list(spec) if isinstance(spec, (list, tuple, set)) else [spec]
+    parts: list[str] = []
+    for it in items:
+        parts.extend(str(it).split(","))
+    by_name = {nm: r for r, nm in enumerate(names)}
+    chosen: set[int] = set()
+    for raw in parts:
+        tok = raw.strip()
+        if not tok:
+            continue
+        if tok in by_name:
+            chosen.add(by_name[tok])
+            continue
+        m = re.fullmatch(r"(\d+)\s*-\s*(\d+)", tok)
+        if m:
+            lo, hi = int(m.group(1)), int(m.group(2))
+            if lo > hi:
+                raise ValueError(f"rank range {tok!r} runs backwards; write it low-high")
+            rng = range(lo, hi + 1)
+        elif tok.isdigit():
+            rng = range(int(tok), int(tok) + 1)
+        else:
+            raise ValueError(f"unknown rank or name {tok!r}; this world has "
+                             f"{', '.join(f'{r}={nm}' for r, nm in enumerate(names))}")
+        for r in rng:
+            if r == 0:
+                raise ValueError("rank 0 is the notebook itself; run the cell normally, or use "
+                                 "`%%dist --local` to run it on the notebook and workers together")
+            if r >= len(names):
+                raise ValueError(f"no rank {r}: this world has workers 1..{len(names) - 1}")
+            chosen.add(r)
+    if not chosen:
+        raise ValueError(f"--ranks {spec!r} selects no worker")
+    return sorted(chosen)

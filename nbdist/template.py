@@ -1,0 +1,98 @@
+"""The warm template process: imports torch once, then forks worker ranks on request.
+
+Started by ``launch.Template`` as ``python -m nbdist.template FD``. It stays single-threaded so
+``fork`` is safe, ignores SIGINT (interrupts are for the workers), reports every child's exit
+status, and when the notebook goes away (its end of the socket closes) it kills its children,
+removes its runtime directory and exits. It also exits on its own after being idle (no
+children) for ``NBDIST_TEMPLATE_IDLE`` seconds (default 600).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sys
+import time
+from multiprocessing.connection import Connection
+
+__all__ = ["main"]
+
+
+def _preload() -> None:
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    import cloudpickle  # noqa: F401
+    import torch  # noqa: F401
+    import torch.distributed.autograd  # noqa: F401
+    import torch.distributed.rpc  # noqa: F401
+
+    from . import rpc_hooks, shipping, worker  # noqa: F401
+
+    warnings.resetwarnings()
+
+
+def main(fd: int, runtime_dir: str) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    conn = Connection(fd)
+    _preload()
+    conn.send(("ready", os.getpid()))
+    children: dict[int, int] = {}
+    idle_limit = float(os.environ.get("NBDIST_TEMPLATE_IDLE", "600"))
+    idle_since = time.monotonic()
+    try:
+        while True:
+            try:
+                ready = conn.poll(0.05)
+                msg = conn.recv() if ready else None
+            except (EOFError, OSError):
+                break
+            if msg is not None:
+                kind = msg[0]
+                if kind == "spawn":
+                    cfg = msg[1]
+                    pid = os.fork()
+                    if pid == 0:
+                        conn.close()
+                        from .worker import run_forked
+
+                        run_forked(cfg)  # never returns
+                    children[pid] = cfg["rank"]
+                    conn.send(("spawned", cfg["rank"], pid))
+                elif kind == "kill":
+                    for pid in msg[1]:
+                        if pid in children:
+                            try:
+                                os.kill(pid, msg[2])
+                            except ProcessLookupError:
+                                pass
+                elif kind == "exit":
+                    break
+            while children:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+                if pid == 0:
+                    break
+                children.pop(pid, None)
+                conn.send(("exited", pid, os.waitstatus_to_exitcode(status)))
+            if children:
+                idle_since = time.monotonic()
+            elif time.monotonic() - idle_since > idle_limit:
+                break
+    finally:
+        for pid in children:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for pid in children:
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+        shutil.rmtree(runtime_dir, ignore_errors=True)
+        os._exit(0)
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]), sys.argv[2])

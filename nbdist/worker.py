@@ -1,0 +1,206 @@
+"""What runs inside a worker rank, from the fork in the template to ``os._exit``.
+
+Start-up: die with the template, take the notebook's cwd/env/sys.path, connect to the control
+socket, capture output, join the RPC world (and the process group, if asked), say ready.
+Then the main thread runs ``%%dist`` cells from a queue while a reader thread handles
+interrupts and stop requests at once, even while a cell runs.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import ctypes
+import linecache
+import os
+import queue
+import signal
+import sys
+import threading
+import traceback
+import types
+from datetime import timedelta
+from typing import Any
+
+from . import rpc_hooks, shipping
+from .channel import Channel, connect
+from .output import ChannelStream, capture_fds
+
+__all__ = ["run_forked", "current_channel"]
+
+_channel: Channel | None = None
+_executing = False
+_rank = -1
+
+
+def current_channel() -> Channel | None:
+    """The control channel of this worker (None on the notebook)."""
+    return _channel
+
+
+def _die_with_parent() -> None:
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except OSError:
+            pass
+
+
+def _on_sigint(signum: int, frame: Any) -> None:
+    rpc_hooks.interrupt_rpc_threads()
+    if _executing:
+        raise KeyboardInterrupt
+
+
+def run_forked(cfg: dict) -> None:
+    """Entry point in the freshly forked child; never returns."""
+    global _channel, _rank
+    _rank = cfg["rank"]
+    code = 0
+    try:
+        _die_with_parent()
+        signal.signal(signal.SIGINT, _on_sigint)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.chdir(cfg["cwd"])
+        os.environ.clear()
+        os.environ.update(cfg["env"])
+        sys.path[:] = cfg["path"]
+        sys.argv = [f"nbdist-worker-{cfg['name']}"]
+        main = types.ModuleType("__main__")
+        main.__dict__["__builtins__"] = builtins
+        sys.modules["__main__"] = main
+        _channel = connect(cfg["socket"], cfg["authkey"], timeout=cfg["start_timeout"])
+        _channel.send(("hello", _rank, os.getpid()))
+        _setup_output(cfg)
+        _join_world(cfg)
+        from . import metrics
+
+        metrics._start_worker_flusher(_channel, _rank, cfg["name"])
+        _channel.send(("ready", _rank, os.getpid()))
+        _serve(main.__dict__)
+    except BaseException:
+        code = 1
+        text = traceback.format_exc()
+        try:
+            if _channel is not None:
+                _channel.send(("failed", _rank, text))
+            else:
+                os.write(2, text.encode())
+        except OSError:
+            pass
+    finally:
+        _flush_all()
+        os._exit(code)
+
+
+_streams: list[ChannelStream] = []
+
+
+def _setup_output(cfg: dict) -> None:
+    assert _channel is not None
+    capture_fds(_channel, _rank)
+    out = ChannelStream(_channel, _rank, "stdout")
+    err = ChannelStream(_channel, _rank, "stderr")
+    _streams[:] = [out, err]
+    sys.stdout, sys.stderr = out, err  # type: ignore[assignment]
+    import warnings
+
+    warnings.simplefilter("default")  # show warnings like a notebook would...
+    rpc_hooks.quiet_warnings()  # ...but not torch's per-rank deprecation noise
+
+
+def _flush_streams() -> None:
+    for s in _streams:
+        s.flush()
+
+
+def _flush_all() -> None:
+    from . import metrics
+
+    if _channel is not None:
+        metrics.flush_worker(_channel, _rank)
+    for s in _streams:
+        try:
+            s.flush()
+        except Exception:
+            pass
+
+
+def _join_world(cfg: dict) -> None:
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.rpc as rpc
+
+    torch.set_num_threads(cfg["threads"])
+    shipping.install()
+    rpc_hooks.install_callee(after_call=_flush_streams)
+    rpc_hooks.install_caller()
+    opts = rpc.TensorPipeRpcBackendOptions(init_method=cfg["rpc_init"],
+                                           rpc_timeout=cfg["rpc_timeout"],
+                                           num_worker_threads=cfg["rpc_threads"])
+    rpc.init_rpc(cfg["name"], rank=_rank, world_size=cfg["world_size"],
+                 rpc_backend_options=opts)
+    if cfg.get("process_group"):
+        dist.init_process_group(cfg["process_group"], init_method=cfg["pg_init"], rank=_rank,
+                                world_size=cfg["world_size"],
+                                timeout=timedelta(seconds=cfg["pg_timeout"]))
+
+
+def _serve(ns: dict) -> None:
+    """Main-thread loop: run cells handed over by the reader thread until told to stop."""
+    assert _channel is not None
+    cells: queue.Queue = queue.Queue()
+    threading.Thread(target=_read_commands, args=(cells,), name="nbdist-commands",
+                     daemon=True).start()
+    while True:
+        item = cells.get()
+        if item is None:
+            return
+        exec_id, code, filename = item
+        result = _run_cell(ns, code, filename)
+        _flush_all()
+        _channel.send(("result", _rank, exec_id) + result)
+
+
+def _read_commands(cells: queue.Queue) -> None:
+    assert _channel is not None
+    while True:
+        try:
+            msg = _channel.recv()
+        except (EOFError, OSError):
+            os._exit(1)  # the notebook is gone: nothing to serve
+        kind = msg[0]
+        if kind == "exec":
+            cells.put(msg[1:])
+        elif kind == "interrupt":
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+        elif kind == "stop":
+            _flush_all()
+            os._exit(0)
+
+
+def _run_cell(ns: dict, code: str, filename: str) -> tuple:
+    """Run a cell IPython-style: statements, then show the last expression's repr."""
+    global _executing
+    linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+    try:
+        _executing = True
+        try:
+            tree = ast.parse(code, filename, "exec")
+            last = None
+            if tree.body and isinstance(tree.body[-1], ast.Expr):
+                last = ast.Expression(tree.body.pop().value)
+            exec(compile(tree, filename, "exec"), ns)
+            value = eval(compile(last, filename, "eval"), ns) if last is not None else None
+        finally:
+            _executing = False
+    except BaseException as exc:  # noqa: BLE001 - every failure is reported to the notebook
+        tb = exc.__traceback__
+        if tb is not None and tb.tb_frame.f_code is _run_cell.__code__:
+            tb = tb.tb_next
+        text = "".join(traceback.format_exception(type(exc), exc, tb))
+        return ("error", type(exc).__name__, str(exc), text)
+    if value is not None:
+        ns["_"] = value
+        return ("ok", repr(value))
+    return ("ok", None)
