@@ -9,8 +9,15 @@ from __future__ import annotations
 from typing import Any
 
 from .cluster import Cluster, current, start, stop
-from .errors import (ClusterStateError, DistCellError, DistTimeoutError, NbdistError,
-                     RemoteError, StartError, WorkerDiedError)
+from .errors import (
+    ClusterStateError,
+    DistCellError,
+    DistTimeoutError,
+    NbdistError,
+    RemoteError,
+    StartError,
+    WorkerDiedError,
+)
 from .metrics import clear_history, export_history, history, history_frame, log
 
 __version__ = "0.1.0"

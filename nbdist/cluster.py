@@ -23,8 +23,14 @@ from typing import Any
 
 from . import metrics, rpc_hooks, shipping
 from .channel import Channel, Listener
-from .errors import (ClusterStateError, DistCellError, DistTimeoutError, RankFailure, StartError,
-                     WorkerDiedError)
+from .errors import (
+    ClusterStateError,
+    DistCellError,
+    DistTimeoutError,
+    RankFailure,
+    StartError,
+    WorkerDiedError,
+)
 from .launch import Template, describe_exit
 from .output import Router
 from .quiet import drop_fd2_lines
@@ -37,6 +43,7 @@ _current: Cluster | None = None
 _template: Template | None = None
 _runtime_dir: str | None = None
 _exec_ids = itertools.count(1)
+_last: WorldSpec | None = None
 
 
 @dataclass
@@ -65,6 +72,11 @@ class RankInfo:
 def current() -> Cluster | None:
     """The active cluster of this notebook process, or None."""
     return _current if _current is not None and _current.running else None
+
+
+def last_spec() -> WorldSpec | None:
+    """The settings of the most recently started world (for ``%dist_restart`` after a stop)."""
+    return _last
 
 
 def _runtime() -> str:
@@ -144,7 +156,8 @@ class Cluster:
 
     # ------------------------------------------------------------------ start
     def _start(self, quiet: bool) -> None:
-        global _current
+        global _current, _last
+        _last = self.spec
         t0 = time.monotonic()
         spec = self.spec
         deadline = t0 + spec.start_timeout
@@ -404,9 +417,20 @@ class Cluster:
     # ------------------------------------------------------------------ running cells
     def run(self, code: str, ranks: Any = None, timeout: float | None = None,
             show: bool = True) -> dict[int, str | None]:
-        """Run ``code`` on worker ranks; returns rank -> repr of the last expression."""
-        self._require_running()
+        """Run ``code`` on worker ranks; returns rank -> repr of the last expression.
+
+        Output streams into the current cell as it is printed; the last expression of each
+        rank is printed as ``[name] value`` when ``show``. Raises ``DistCellError`` naming
+        every rank that failed, after the others' output was shown.
+        """
         targets = parse_ranks(ranks, self.names)
+        exec_id = self.send_cell(code, targets)
+        results = self.collect(exec_id, targets, timeout)
+        return self.report(results, targets, show)
+
+    def send_cell(self, code: str, targets: list[int]) -> int:
+        """Hand a cell to the targets without waiting; returns the id ``collect`` takes."""
+        self._require_running()
         dead = [r for r in targets if not self.ranks[r].alive]
         if dead:
             raise WorkerDiedError(dead[0], self.names[dead[0]], self.ranks[dead[0]].reason(),
@@ -417,8 +441,7 @@ class Cluster:
             chan = self.ranks[r].channel
             if chan is not None:
                 chan.send(("exec", exec_id, code, filename))
-        results = self.collect(exec_id, targets, timeout)
-        return self._report(results, targets, show)
+        return exec_id
 
     def collect(self, exec_id: int, targets: list[int], timeout: float | None) -> dict:
         """Wait for a cell's results; interrupts and deaths are handled, never hangs."""
@@ -457,7 +480,7 @@ class Cluster:
                                            "they were interrupted")
                 self._cv.wait(0.05)
 
-    def _report(self, results: dict, targets: list[int], show: bool) -> dict[int, str | None]:
+    def report(self, results: dict, targets: list[int], show: bool = True) -> dict[int, str | None]:
         values: dict[int, str | None] = {}
         failures: list[RankFailure] = []
         for r in targets:
@@ -475,8 +498,8 @@ class Cluster:
                                             f"({nm}) {res[1]} while running the cell\n"))
         if failures:
             ranks = ", ".join(f"{f.rank} ({f.name})" for f in failures)
-            raise DistCellError(failures, f"the cell failed on rank{'s' if len(failures) > 1 else ''}"
-                                          f" {ranks}: ")
+            plural = "s" if len(failures) > 1 else ""
+            raise DistCellError(failures, f"the cell failed on rank{plural} {ranks}: ")
         return values
 
     def interrupt(self, ranks: Any = None) -> None:

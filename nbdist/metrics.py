@@ -12,7 +12,8 @@ import csv
 import json
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 __all__ = ["clear_history", "export_history", "history", "history_frame", "log", "subscribe",
            "unsubscribe"]

@@ -19,7 +19,8 @@ import ctypes
 import threading
 import traceback
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 __all__ = [
     "install_caller",

@@ -19,7 +19,8 @@ import os
 import pickle
 import types
 from collections import ChainMap
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import cloudpickle
 

@@ -46,8 +46,8 @@ class StatusTable:
     def __str__(self) -> str:
         table = [list(self.COLUMNS)] + [self._cells(r) for r in self.rows]
         widths = [max(len(line[i]) for line in table) for i in range(len(self.COLUMNS))]
-        return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip()
-                         for line in table)
+        return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True))
+                         .rstrip() for line in table)
 
     __repr__ = __str__
 

@@ -1,0 +1,178 @@
+"""IPython magics: thin wrappers that parse arguments and call the Python API.
+
+``%dist_start``, ``%%dist``, ``%dist_status``, ``%dist_restart``, ``%dist_stop``. A user
+mistake becomes a ``UsageError`` that says what to do; nothing is started when one is raised.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+from . import cluster as _cluster
+from .errors import ClusterStateError
+
+__all__ = ["DistMagics"]
+
+
+def _start_args(f: Any) -> Any:
+    """The flags shared by ``%dist_start`` and ``%dist_restart``."""
+    for dec in reversed([
+        argument("--name", default=None, help="the notebook's RPC name (default worker0)"),
+        argument("--worker-name", default=None,
+                 help="worker name pattern with {rank} (default worker{rank})"),
+        argument("--threads", type=int, default=None,
+                 help="torch threads per worker (default: cores / ranks)"),
+        argument("--rpc-timeout", type=float, default=None,
+                 help="default RPC timeout in seconds (default 60)"),
+        argument("--process-group", default=None, choices=["gloo"],
+                 help="also start a torch.distributed process group over the same ranks"),
+        argument("--start-timeout", type=float, default=None,
+                 help="give up starting after this many seconds (default 60)"),
+    ]):
+        f = dec(f)
+    return f
+
+
+def _count(raw: str | None, magic: str) -> int | None:
+    if raw is None:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise UsageError(f"{magic}: the number of workers must be a whole number, got {raw!r}; "
+                         f"for example `{magic} 4`") from None
+
+
+def _parse(magic_fn: Any, line: str, magic: str) -> Any:
+    try:
+        shlex.split(line)
+    except ValueError as exc:
+        raise UsageError(f"{magic}: {exc}") from None
+    try:
+        return parse_argstring(magic_fn, line)
+    except UsageError as exc:
+        raise UsageError(f"{magic}: {exc}; see `{magic}?` for the flags") from None
+
+
+def _settings(args: Any) -> dict:
+    return {k: v for k, v in {
+        "name": args.name, "worker_name": args.worker_name, "threads": args.threads,
+        "rpc_timeout": args.rpc_timeout, "process_group": args.process_group,
+        "start_timeout": args.start_timeout}.items() if v is not None}
+
+
+def _require() -> _cluster.Cluster:
+    c = _cluster.current()
+    if c is None:
+        raise UsageError("no nbdist world is running; start one with `%dist_start N`")
+    return c
+
+
+@magics_class
+class DistMagics(Magics):
+    """Start, use, watch and stop a local torch.distributed.rpc world from a notebook."""
+
+    @magic_arguments()
+    @argument("n", nargs="?", default=None, help="number of worker ranks (1..N)")
+    @_start_args
+    @line_magic
+    def dist_start(self, line: str) -> None:
+        """Start N worker ranks; this notebook becomes rank 0 of their RPC world.
+
+        Example: ``%dist_start 2 --name agent --worker-name obs{rank}``
+        """
+        args = _parse(self.dist_start, line, "%dist_start")
+        n = _count(args.n, "%dist_start")
+        if n is None:
+            raise UsageError("%dist_start needs the number of workers, e.g. `%dist_start 4`")
+        try:
+            _cluster.start(n, **_settings(args))
+        except ValueError as exc:
+            raise UsageError(f"%dist_start: {exc}") from None
+        except ClusterStateError:
+            raise UsageError("a world is already running; use `%dist_restart` to start a new one "
+                             "(it takes the same flags), or `%dist_stop` first") from None
+
+    @magic_arguments()
+    @argument("n", nargs="?", default=None, help="number of worker ranks (default: as before)")
+    @_start_args
+    @line_magic
+    def dist_restart(self, line: str) -> None:
+        """Stop the world and start a new one; flags not given keep their previous values."""
+        args = _parse(self.dist_restart, line, "%dist_restart")
+        n = _count(args.n, "%dist_restart")
+        c = _cluster.current()
+        try:
+            if c is None:
+                last = _last_spec()
+                if last is None and n is None:
+                    raise UsageError("no world to restart; start one with `%dist_start N`")
+                settings = _settings(args)
+                if last is not None:
+                    base = {"name": last.name, "worker_name": last.worker_name,
+                            "threads": last.threads, "rpc_timeout": last.rpc_timeout,
+                            "process_group": last.process_group,
+                            "start_timeout": last.start_timeout}
+                    base.update(settings)
+                    settings = base
+                _cluster.start(n if n is not None else last.n, **settings)  # type: ignore[union-attr]
+            else:
+                c.restart(n, **_settings(args))
+        except ValueError as exc:
+            raise UsageError(f"%dist_restart: {exc}") from None
+
+    @line_magic
+    def dist_stop(self, line: str) -> None:
+        """Stop the world: every worker process ends; RPC here is ready for a new world."""
+        if line.strip():
+            raise UsageError("%dist_stop takes no arguments")
+        c = _cluster.current()
+        if c is None:
+            print("nbdist: no world is running")
+            return
+        c.stop()
+        print("nbdist: stopped")
+
+    @line_magic
+    def dist_status(self, line: str) -> Any:
+        """A table of every rank: pid, alive or how it died, CPU %, memory, uptime."""
+        if line.strip():
+            raise UsageError("%dist_status takes no arguments")
+        c = _cluster._current
+        if c is None or not c.ranks:
+            raise UsageError("no nbdist world is running; start one with `%dist_start N`")
+        return c.status()
+
+    @magic_arguments()
+    @argument("--ranks", default=None, help="ranks or names: 1,3 or 1-3 or obs2 (default: all)")
+    @argument("--local", action="store_true", help="also run the cell here, as rank 0, at the "
+              "same time (for SPMD code such as DDP and collectives)")
+    @argument("--timeout", type=float, default=None, help="interrupt the cell after S seconds")
+    @cell_magic
+    def dist(self, line: str, cell: str) -> None:
+        """Run the cell on worker ranks; their output and last expressions show here."""
+        args = _parse(self.dist, line, "%%dist")
+        if args.timeout is not None and args.timeout <= 0:
+            raise UsageError("%%dist: --timeout must be a positive number of seconds")
+        c = _require()
+        try:
+            from .spec import parse_ranks
+
+            targets = parse_ranks(args.ranks, c.names)
+        except ValueError as exc:
+            raise UsageError(f"%%dist: {exc}") from None
+        if not args.local:
+            c.run(cell, ranks=targets, timeout=args.timeout)
+            return
+        from .spmd import run_with_local
+
+        run_with_local(c, self.shell, cell, targets, args.timeout)
+
+
+def _last_spec() -> Any:
+    return _cluster.last_spec()
