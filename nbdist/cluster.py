@@ -250,6 +250,9 @@ class Cluster:
         rpc_hooks.install_callee()
         rpc_hooks.install_caller()
         rpc_hooks.quiet_warnings()
+        from . import tracing
+
+        tracing.install(0, self.names[0])
         opts = rpc.TensorPipeRpcBackendOptions(init_method=f"file://{self._world_dir}/rpc",
                                                rpc_timeout=spec.rpc_timeout)
         with _loopback_env():

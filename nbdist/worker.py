@@ -135,6 +135,9 @@ def _join_world(cfg: dict) -> None:
     shipping.install()
     rpc_hooks.install_callee(after_call=_flush_streams)
     rpc_hooks.install_caller()
+    from . import tracing
+
+    tracing.install(_rank, cfg["name"])
     opts = rpc.TensorPipeRpcBackendOptions(init_method=cfg["rpc_init"],
                                            rpc_timeout=cfg["rpc_timeout"],
                                            num_worker_threads=cfg["rpc_threads"])
