@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import wait as wait_any
 from typing import Any
 
-from . import metrics, rpc_hooks, shipping
+from . import metrics, rpc_hooks, rref_reset, shipping
 from .channel import Channel, Listener
 from .errors import (
     ClusterStateError,
@@ -44,6 +44,7 @@ _template: Template | None = None
 _runtime_dir: str | None = None
 _exec_ids = itertools.count(1)
 _last: WorldSpec | None = None
+_epochs = itertools.count(1)
 
 
 @dataclass
@@ -153,6 +154,7 @@ class Cluster:
         self._rpc_up = False
         self._pg_up = False
         self.startup_seconds = 0.0
+        self.epoch = next(_epochs)
 
     # ------------------------------------------------------------------ start
     def _start(self, quiet: bool) -> None:
@@ -188,7 +190,7 @@ class Cluster:
             self._receiver.start()
             _current = self
             self.running = True
-            rpc_hooks.set_death_check(self._check_dest)
+            rpc_hooks.set_death_check(self._check_dest, self._interrupt_dest)
             self._join_as_rank0(deadline)
             self._wait_ready(deadline)
             self._ping_all(deadline)
@@ -219,7 +221,7 @@ class Cluster:
             "rpc_init": f"file://{self._world_dir}/rpc", "rpc_timeout": spec.rpc_timeout,
             "rpc_threads": 16, "process_group": spec.process_group,
             "pg_init": f"file://{self._world_dir}/pg", "pg_timeout": spec.rpc_timeout,
-            "start_timeout": spec.start_timeout,
+            "start_timeout": spec.start_timeout, "epoch": self.epoch,
         }
 
     def _accept_all(self, deadline: float) -> None:
@@ -246,6 +248,10 @@ class Cluster:
 
         spec = self.spec
         rpc_hooks.reset_world_state()
+        if not rref_reset.reset_singleton() and self.epoch > 1:
+            Router._write("stderr", "nbdist: this torch build hides its RRef context, so RRefs "
+                                    "in this notebook may fail after a restart; restart the "
+                                    "kernel if they do\n")
         shipping.install()
         rpc_hooks.install_callee()
         rpc_hooks.install_caller()
@@ -407,6 +413,12 @@ class Cluster:
             info = self.ranks[rank]
             if info.exit_code is not None:
                 raise WorkerDiedError(rank, info.name, info.reason(), "an RPC waited on it")
+
+    def _interrupt_dest(self, dest: Any) -> None:
+        """Ctrl-C stopped a wait on ``dest``: interrupt the RPC work running there too."""
+        rank = self._rank_of(dest)
+        if rank:
+            self.interrupt([rank])
 
     def _rank_of(self, dest: Any) -> int | None:
         if isinstance(dest, int):

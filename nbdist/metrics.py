@@ -1,13 +1,24 @@
 """``nbdist.log`` on any rank, and the history the notebook keeps of it.
 
-On a worker, ``log`` appends to an in-memory batch that a background thread sends to the
-notebook every 50 ms (one message per batch, not per record), so a tight logging loop costs a
-dict and a list append. On the notebook, records go straight into the history. Order per rank
-is kept because one thread per rank sends, over one ordered channel.
+A record is a dict: ``rank``, ``name`` (the rank's RPC name), ``step``, ``time`` (wall clock,
+``time.time()`` when logged) and the logged values.
+
+On a worker, ``log`` appends the record to a lock-free ``deque`` (``append`` is atomic), and a
+background thread sends whatever has accumulated to the notebook every 50 ms as one
+``("metrics", rank, batch)`` message, so a tight logging loop costs one dict and one append.
+Taking a batch and sending it happen under one lock, and the worker also flushes before it
+reports a ``%%dist`` cell's result, so records of one rank arrive in the order they were
+logged and before the cell's result. On the notebook (rank 0) records go straight into the
+history. Subscribers (``subscribe``) are called with each delivered batch.
+
+Batches may end with *internal* records (a ``"__nbdist__"`` key: RPC traces, benchmark
+timings); ``_deliver`` hands those to their handler (``register_internal``) and never puts them
+in the history.
 """
 
 from __future__ import annotations
 
+import collections
 import csv
 import json
 import threading
@@ -15,58 +26,148 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["clear_history", "export_history", "history", "history_frame", "log", "subscribe",
-           "unsubscribe"]
+__all__ = [
+    "clear_history",
+    "export_history",
+    "flush_worker",
+    "history",
+    "history_frame",
+    "log",
+    "register_internal",
+    "send_internal",
+    "subscribe",
+    "unsubscribe",
+]
+
+META = ("rank", "name", "step", "time")
+INTERNAL = "__nbdist__"
 
 _lock = threading.Lock()
 _history: list[dict] = []
 _subscribers: list[Callable[[list[dict]], None]] = []
-_identity = {"rank": 0, "name": "worker0"}
-_steps: dict[int, int] = {}
+_internal: dict[str, Callable[[dict], None]] = {}
+# internal record kinds and the module that registers a handler for them when imported
+_PROVIDERS = {"trace": "nbdist.tracing", "timing": "nbdist.display.timings"}
+_rank = 0
+_name = "worker0"
+_next_step = 0
 
 # worker side
-_pending: list[dict] = []
-_pending_lock = threading.Lock()
+_pending: collections.deque = collections.deque()
+_pending_internal: collections.deque = collections.deque()
+_send_lock = threading.Lock()
+_extra_sources: list[Callable[[], list[dict]]] = []
 _worker = False
 _FLUSH_EVERY = 0.05
+_PLAIN = (float, int, str, bool, type(None))
 
 
 def log(step: int | None = None, **values: Any) -> None:
-    """Record named values (numbers, usually) from whatever rank runs this.
+    """Record named values (numbers, usually) from whatever rank and thread runs this.
 
-    ``step`` defaults to a per-rank counter. Values must be picklable; tensors of one element
-    are turned into Python numbers.
+    ``step`` defaults to a per-process counter (one past the last step logged here; give it
+    explicitly when several threads log the same series). Values must be picklable; tensors
+    and numpy scalars of one element become Python numbers. ``rank``, ``name`` and ``time``
+    are reserved names.
     """
+    global _next_step
     if not values:
         raise ValueError("nbdist.log() needs at least one named value, e.g. log(reward=1.5)")
     for key, v in values.items():
-        if hasattr(v, "item") and getattr(v, "numel", lambda: 1)() == 1:
-            values[key] = v.item()
-    rank = _identity["rank"]
+        if type(v) not in _PLAIN:
+            values[key] = _plain(v)
     if step is None:
-        step = _steps.get(rank, 0)
-    _steps[rank] = step + 1
-    rec = {"rank": rank, "name": _identity["name"], "step": step, "time": time.time(), **values}
+        step = _next_step
+    _next_step = step + 1
+    rec = {"rank": _rank, "name": _name, "step": step, "time": time.time()}
+    rec.update(values)
+    if len(rec) != 4 + len(values):
+        raise ValueError(f"nbdist.log(): {sorted(set(values) & set(META))} are reserved names; "
+                         "pick other names for those values")
     if _worker:
-        with _pending_lock:
-            _pending.append(rec)
+        _pending.append(rec)
     else:
         _deliver([rec])
 
 
+def _plain(v: Any) -> Any:
+    """A one-element tensor or numpy value as a Python number; anything else unchanged."""
+    item = getattr(v, "item", None)
+    if item is not None:
+        try:
+            size = v.numel() if hasattr(v, "numel") else getattr(v, "size", 1)
+            if size == 1:
+                return item()
+        except Exception:  # noqa: BLE001 - not a number-like after all
+            return v
+    return v
+
+
 def _deliver(records: list[dict]) -> None:
+    """Rank 0: add a batch to the history and tell the subscribers (internal records aside)."""
+    if records and INTERNAL in records[-1]:
+        k = len(records)
+        while k and INTERNAL in records[k - 1]:
+            k -= 1
+        for special in records[k:]:
+            handler = _handler(special[INTERNAL])
+            if handler is not None:
+                try:
+                    handler(special)
+                except Exception:  # noqa: BLE001 - a broken handler must not break logging
+                    pass
+        records = records[:k]
+    if not records:
+        return
     with _lock:
         _history.extend(records)
         subs = list(_subscribers)
     for fn in subs:
         try:
             fn(records)
-        except Exception:  # a broken display must not break logging
+        except Exception:  # noqa: BLE001 - a broken display must not break logging
             pass
 
 
+def _handler(kind: str) -> Callable[[dict], None] | None:
+    handler = _internal.get(kind)
+    if handler is None and kind in _PROVIDERS:
+        import importlib
+
+        importlib.import_module(_PROVIDERS[kind])  # registers itself on import
+        handler = _internal.get(kind)
+    return handler
+
+
+def register_internal(kind: str, handler: Callable[[dict], None] | None,
+                      source: Callable[[], list[dict]] | None = None) -> None:
+    """Route internal records ``{"__nbdist__": kind, ...}`` arriving at rank 0 to ``handler``.
+
+    ``source`` (worker side) is called at every flush and returns internal records to send
+    after the batch's ordinary records.
+    """
+    if handler is not None:
+        _internal[kind] = handler
+    if source is not None and source not in _extra_sources:
+        _extra_sources.append(source)
+
+
+def send_internal(kind: str, **fields: Any) -> None:
+    """Hand ``{"__nbdist__": kind, **fields}`` to rank 0's handler for ``kind`` (from any rank)."""
+    rec = {INTERNAL: kind, **fields}
+    if _worker:
+        _pending_internal.append(rec)
+    else:
+        _deliver([rec])
+
+
 def _set_identity(rank: int, name: str) -> None:
-    _identity.update(rank=rank, name=name)
+    """This process is ``rank`` called ``name`` (rank 0: called when its world is ready)."""
+    global _rank, _name
+    _rank, _name = rank, name
+    from . import tracing
+
+    tracing.arm(rank, name)
 
 
 def _start_worker_flusher(channel: Any, rank: int, name: str) -> None:
@@ -77,13 +178,6 @@ def _start_worker_flusher(channel: Any, rank: int, name: str) -> None:
                      name="nbdist-metrics").start()
 
 
-def _take_pending() -> list[dict]:
-    with _pending_lock:
-        batch = _pending[:]
-        _pending.clear()
-    return batch
-
-
 def _flush_loop(channel: Any, rank: int) -> None:
     while True:
         time.sleep(_FLUSH_EVERY)
@@ -91,12 +185,24 @@ def _flush_loop(channel: Any, rank: int) -> None:
 
 
 def flush_worker(channel: Any, rank: int) -> None:
-    batch = _take_pending()
-    if batch:
-        try:
-            channel.send(("metrics", rank, batch))
-        except OSError:
-            pass
+    """Send every record logged so far (and internal ones) as one ordered batch."""
+    with _send_lock:
+        n = len(_pending)
+        pop = _pending.popleft
+        batch = [pop() for _ in range(n)]
+        n = len(_pending_internal)
+        pop = _pending_internal.popleft
+        batch.extend(pop() for _ in range(n))
+        for source in _extra_sources:
+            try:
+                batch.extend(source())
+            except Exception:  # noqa: BLE001
+                pass
+        if batch:
+            try:
+                channel.send(("metrics", rank, batch))
+            except OSError:
+                pass
 
 
 def history(rank: int | None = None, key: str | None = None) -> list[dict]:
@@ -110,20 +216,24 @@ def history(rank: int | None = None, key: str | None = None) -> list[dict]:
     return [dict(r) for r in rows]
 
 
-def history_frame() -> Any:
-    """The history as a pandas DataFrame (needs pandas)."""
+def history_frame(rank: int | None = None, key: str | None = None) -> Any:
+    """The history as a pandas DataFrame (needs pandas); same filters as ``history``."""
     try:
         import pandas as pd
     except ImportError as exc:
         raise ImportError("history_frame() needs pandas: pip install pandas") from exc
-    return pd.DataFrame(history())
+    return pd.DataFrame(history(rank, key))
 
 
 def clear_history() -> None:
-    """Forget every record (the per-rank step counters restart too)."""
+    """Forget every record received; rank 0's default step counter restarts at 0.
+
+    A worker's own counter restarts with each new world (give ``step=`` to control it).
+    """
+    global _next_step
     with _lock:
         _history.clear()
-    _steps.clear()
+    _next_step = 0
 
 
 def export_history(path: str) -> str:
@@ -134,8 +244,12 @@ def export_history(path: str) -> str:
             json.dump(rows, f)
     elif path.endswith(".csv"):
         cols: list[str] = []
+        seen: set[str] = set()
         for r in rows:
-            cols.extend(k for k in r if k not in cols)
+            for k in r:
+                if k not in seen:
+                    seen.add(k)
+                    cols.append(k)
         with open(path, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=cols)
             w.writeheader()
@@ -146,12 +260,13 @@ def export_history(path: str) -> str:
 
 
 def subscribe(fn: Callable[[list[dict]], None]) -> None:
-    """Call ``fn(records)`` from the receiving thread whenever records arrive."""
+    """Call ``fn(records)`` (from the receiving thread, keep it quick) as records arrive."""
     with _lock:
         _subscribers.append(fn)
 
 
 def unsubscribe(fn: Callable[[list[dict]], None]) -> None:
+    """Stop calling ``fn``."""
     with _lock:
         if fn in _subscribers:
             _subscribers.remove(fn)

@@ -36,6 +36,7 @@ _active_lock = threading.Lock()
 _active: dict[int, int] = {}
 _death_check: Callable[[Any], None] | None = None
 _after_call: Callable[[], None] | None = None
+_on_interrupt: Callable[[Any], None] | None = None
 _caller_installed = False
 _callee_installed = False
 
@@ -53,10 +54,12 @@ def quiet_warnings() -> None:
         warnings.filterwarnings("ignore", message=pattern)
 
 
-def set_death_check(check: Callable[[Any], None] | None) -> None:
-    """``check(dest)`` raises when ``dest`` (name, rank or WorkerInfo) is known dead."""
-    global _death_check
-    _death_check = check
+def set_death_check(check: Callable[[Any], None] | None,
+                    on_interrupt: Callable[[Any], None] | None = None) -> None:
+    """``check(dest)`` raises when ``dest`` (name, rank or WorkerInfo) is known dead;
+    ``on_interrupt(dest)`` is told when Ctrl-C stops a wait on ``dest``."""
+    global _death_check, _on_interrupt
+    _death_check, _on_interrupt = check, on_interrupt
 
 
 def wait_future(fut: Any, dest: Any = None, poll: float = 0.1) -> Any:
@@ -65,10 +68,16 @@ def wait_future(fut: Any, dest: Any = None, poll: float = 0.1) -> Any:
         return fut.wait()
     done = threading.Event()
     fut.add_done_callback(lambda _f: done.set())
-    while not done.wait(poll):
-        check = _death_check
-        if check is not None and dest is not None:
-            check(dest)
+    try:
+        while not done.wait(poll):
+            check = _death_check
+            if check is not None and dest is not None:
+                check(dest)
+    except KeyboardInterrupt:
+        hook = _on_interrupt
+        if hook is not None and dest is not None:
+            hook(dest)
+        raise
     return fut.wait()
 
 
@@ -131,6 +140,9 @@ def install_callee(after_call: Callable[[], None] | None = None) -> None:
                     _active[tid] = left
                 else:
                     del _active[tid]
+                    # an interrupt that arrived as the function returned must not hit the
+                    # next RPC this pool thread runs: drop any pending async exception
+                    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(tid), None)
 
     internal._run_function = _run_function
     _callee_installed = True
@@ -138,12 +150,11 @@ def install_callee(after_call: Callable[[], None] | None = None) -> None:
 
 def interrupt_rpc_threads() -> int:
     """Raise KeyboardInterrupt in every thread now running an RPC function; returns how many."""
-    with _active_lock:
-        tids = list(_active)
-    for tid in tids:
-        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(tid),
-                                                   ctypes.py_object(KeyboardInterrupt))
-    return len(tids)
+    with _active_lock:  # held while injecting, so a thread cannot leave _active meanwhile
+        for tid in _active:
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(tid),
+                                                       ctypes.py_object(KeyboardInterrupt))
+        return len(_active)
 
 
 def reset_world_state() -> None:

@@ -83,28 +83,35 @@ def dumps(obj: Any) -> bytes:
     return buf.getvalue()
 
 
-def _serialize(self: Any, obj: Any) -> tuple[bytes, list]:
-    """Drop-in for ``_InternalRPCPickler.serialize`` (same tensor-table protocol)."""
+def _rpc_pickler(owner: Any, f: io.BytesIO, obj: Any) -> ShippingPickler:
+    """A ShippingPickler with torch's RPC reducers (tensors, RRefs, ScriptModules) in front."""
     import torch
     import torch.distributed as dist
-    from torch.distributed.rpc import internal
 
-    table = dict(self._dispatch_table)
-    table[dist.rpc.PyRRef] = self._py_rref_reducer
-    table[dist.rpc.RRef] = self._rref_reducer
+    table = dict(owner._dispatch_table)
+    table[dist.rpc.PyRRef] = owner._py_rref_reducer
+    table[dist.rpc.RRef] = owner._rref_reducer
     table[types.MethodType] = _reduce_method
     if isinstance(obj, torch.jit.ScriptModule):
-        table[obj.__class__] = self._script_module_reducer
-    table.update(self._class_reducer_dict)
-    f = io.BytesIO()
-    p = ShippingPickler(f, protocol=pickle.HIGHEST_PROTOCOL,
-                        dispatch_table=ChainMap(table, cloudpickle.Pickler.dispatch_table))
+        table[obj.__class__] = owner._script_module_reducer
+    table.update(owner._class_reducer_dict)
+    return ShippingPickler(f, protocol=pickle.HIGHEST_PROTOCOL,
+                           dispatch_table=ChainMap(table, cloudpickle.Pickler.dispatch_table))
 
+
+def _serialize(self: Any, obj: Any) -> tuple[bytes, list]:
+    """Drop-in for ``_InternalRPCPickler.serialize`` (same tensor-table protocol)."""
+    from torch.distributed.rpc import internal
+
+    f = io.BytesIO()
     tables = internal._thread_local_tensor_tables
     old = getattr(tables, "send_tables", None)
     tables.send_tables = []
     try:
-        p.dump(obj)
+        try:
+            _rpc_pickler(self, f, obj).dump(obj)
+        except Exception as exc:
+            raise _explain_unpicklable(self, obj, exc) from exc
         tensors = tables.send_tables
     finally:
         if old is not None:
@@ -112,6 +119,26 @@ def _serialize(self: Any, obj: Any) -> tuple[bytes, list]:
         else:
             del tables.send_tables
     return f.getvalue(), tensors
+
+
+def _explain_unpicklable(owner: Any, obj: Any, exc: Exception) -> Exception:
+    """Name the argument (or function, or return value) that could not be pickled."""
+    from torch.distributed.rpc.internal import PythonUDF
+
+    if not isinstance(obj, PythonUDF):
+        return TypeError(f"the RPC result could not be pickled to send back: {exc}")
+    fname = getattr(obj.func, "__qualname__", repr(obj.func))
+    parts = [("the function", obj.func)]
+    parts += [(f"argument {i}", a) for i, a in enumerate(obj.args or ())]
+    parts += [(f"keyword argument {k!r}", v) for k, v in (obj.kwargs or {}).items()]
+    for label, value in parts:
+        try:
+            _rpc_pickler(owner, io.BytesIO(), value).dump(value)
+        except Exception as inner:
+            return TypeError(f"{label} of the RPC to {fname} ({type(value).__name__}) cannot be "
+                             f"pickled: {inner}. Send something picklable instead (for a lock, "
+                             "file or socket, create it on the worker)")
+    return TypeError(f"the RPC to {fname} could not be pickled: {exc}")
 
 
 def install() -> None:

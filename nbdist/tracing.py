@@ -1,9 +1,494 @@
-"""RPC tracing: time every RPC the user's code makes (filled in by the dashboard work)."""
+"""RPC tracing: every RPC the user's code makes is timed on the rank that makes it.
+
+Each traced call leaves one row: caller, callee, function name, latency and payload bytes.
+Workers ship their rows to the notebook with their metrics batches (internal records, every
+50 ms and before a ``%%dist`` cell's result); ``rpc_stats()`` on the notebook summarises them
+per (caller, callee, function): count, p50, p95, max latency and bytes.
+
+What is traced, on every rank:
+
+- ``rpc_sync``, ``rpc_async`` and ``remote`` with Python functions, builtins (``torch.add``) and
+  TorchScript functions, however they were imported. The wrapped names are the module globals
+  of ``torch.distributed.rpc.api`` those three look up at call time (``_invoke_rpc_*``,
+  ``_invoke_remote_*`` and ``PythonUDF``), not ``rpc_async`` itself (``rref_proxy`` compares
+  against it by identity).
+- RRef proxies (``rref.rpc_sync().m()``, ``.rpc_async()``, ``.remote()``), named ``Type.m``.
+  The first proxy call on a user RRef makes one extra RPC to learn the type; it shows up as
+  ``_rref_typeof_on_owner``.
+- ``RRef.to_here()`` on a user RRef (an RRef owned elsewhere): ``PyRRef.to_here`` is replaced
+  on the class (pybind11 classes allow it), named ``RRef.to_here``.
+
+Not traced: messages torch's C++ sends on its own (distributed autograd's backward pass and
+context cleanup, RRef fork/confirm/delete messages, ``to_here`` called from TorchScript or
+C++), RPCs made before rank 0's world is ready (nbdist's start-up ping), calls made inside
+``paused()``, and everything while ``enable(False)``.
+
+Latency: ``time.perf_counter`` on the caller, from the call (before the arguments are pickled)
+to the moment the reply completes the call's future (``remote``: the owner acknowledged the
+value; ``to_here``: the value arrived). Bytes: the request as sent for Python functions, exact
+(pickled bytes plus tensor bytes: torch pickles them here anyway); for builtins and TorchScript
+the bytes of tensor arguments (non-tensor arguments not counted); for ``to_here`` the bytes of
+the tensors returned (the reply). Replies of other calls are not measured.
+
+Cost: two small Python wrappers and a future callback per call, a few microseconds against
+RPC round trips of a few hundred (``bench/metrics.py`` measures it).
+"""
 
 from __future__ import annotations
 
-__all__ = ["install"]
+import collections
+import contextlib
+import html
+import os
+import threading
+import time
+from collections.abc import Iterator
+from time import perf_counter
+from typing import Any
+
+from . import metrics
+
+__all__ = [
+    "RpcStats",
+    "arm",
+    "clear",
+    "enable",
+    "enabled",
+    "install",
+    "paused",
+    "rpc_stats",
+    "samples",
+    "version",
+]
+
+ENV = "NBDIST_TRACE"
+KEEP_PER_KEY = 100_000  # latencies kept per (caller, callee, function) for percentiles
+KEEP_TIMELINE = 50_000  # most recent calls kept for the dashboard's plots over time
+
+_enabled = os.environ.get(ENV, "1").lower() not in ("0", "false", "off", "no")
+_armed = False
+_on = False  # _enabled and _armed: the one flag the hot path reads
+_caller = "worker0"
+_tls = threading.local()
+_done: collections.deque = collections.deque()  # (callee, function, t0, latency, bytes)
+_wall_offset = time.time() - perf_counter()
+_installed = False
+_install_lock = threading.Lock()
+_Tensor: Any = None
+_proxy_funcs: tuple = ()
 
 
+def _update() -> None:
+    global _on
+    _on = _enabled and _armed
+
+
+# ---------------------------------------------------------------------------- hot path
+def _tensor_bytes(tensors: Any) -> int:
+    n = 0
+    for t in tensors:
+        n += t.nelement() * t.element_size()
+    return n
+
+
+def _arg_bytes(args: Any, kwargs: Any) -> int:
+    n = 0
+    for a in args:
+        if isinstance(a, _Tensor):
+            n += a.nelement() * a.element_size()
+    if kwargs:
+        for a in kwargs.values():
+            if isinstance(a, _Tensor):
+                n += a.nelement() * a.element_size()
+    return n
+
+
+def _value_bytes(v: Any) -> int:
+    if isinstance(v, _Tensor):
+        return v.nelement() * v.element_size()
+    if isinstance(v, (list, tuple)):
+        return _arg_bytes(v, None)
+    if isinstance(v, dict):
+        return _arg_bytes((), v)
+    return 0
+
+
+def _func_name(func: Any, args: Any) -> str:
+    if func is _proxy_funcs[0] or func is _proxy_funcs[1]:  # an RRef proxy: (rref, method, ..)
+        try:
+            owner_type = args[0]._get_type()  # cached by the proxy: a done future or a type
+            if not isinstance(owner_type, type):
+                owner_type = owner_type.value()
+            return f"{owner_type.__name__}.{args[1]}"
+        except Exception:  # noqa: BLE001
+            return f"RRef.{args[1]}"
+    name = getattr(func, "__qualname__", None) or getattr(func, "__name__", None)
+    return name if isinstance(name, str) else type(func).__name__
+
+
+def _watch(fut: Any, callee: str, name: str, t0: float, nbytes: int) -> None:
+    def done(_f: Any) -> None:
+        _done.append((callee, name, t0, perf_counter() - t0, nbytes))
+
+    fut.add_done_callback(done)
+
+
+def _wrap_python_udf(orig: Any) -> Any:
+    def PythonUDF(func: Any, args: Any, kwargs: Any) -> Any:  # noqa: N802 - replaces a class
+        if _on and not getattr(_tls, "paused", 0):
+            _tls.call = (perf_counter(), func, args)
+        return orig(func, args, kwargs)
+
+    return PythonUDF
+
+
+def _take_call() -> Any:
+    call = getattr(_tls, "call", None)
+    if call is not None:
+        _tls.call = None
+    return call
+
+
+def _wrap_invoke_udf(orig: Any, remote: bool) -> Any:
+    def invoke(dst: Any, pickled: bytes, tensors: Any, timeout: float, is_async: bool) -> Any:
+        call = _take_call()
+        res = orig(dst, pickled, tensors, timeout, is_async)
+        if call is not None and _on:
+            t0, func, args = call
+            fut = res._get_future() if remote else res
+            _watch(fut, dst.name, _func_name(func, args), t0,
+                   len(pickled) + _tensor_bytes(tensors))
+        return res
+
+    return invoke
+
+
+def _wrap_rpc_builtin(orig: Any) -> Any:
+    def invoke(dst: Any, qualname: str, timeout: float, *args: Any, **kwargs: Any) -> Any:
+        if not _on or getattr(_tls, "paused", 0):
+            return orig(dst, qualname, timeout, *args, **kwargs)
+        t0 = perf_counter()
+        fut = orig(dst, qualname, timeout, *args, **kwargs)
+        _watch(fut, dst.name, qualname, t0, _arg_bytes(args, kwargs))
+        return fut
+
+    return invoke
+
+
+def _wrap_remote_builtin(orig: Any) -> Any:
+    def invoke(dst: Any, qualname: str, timeout: float, *args: Any, **kwargs: Any) -> Any:
+        if not _on or getattr(_tls, "paused", 0):
+            return orig(dst, qualname, timeout, *args, **kwargs)
+        t0 = perf_counter()
+        rref = orig(dst, qualname, timeout, *args, **kwargs)
+        _watch(rref._get_future(), dst.name, qualname, t0, _arg_bytes(args, kwargs))
+        return rref
+
+    return invoke
+
+
+def _wrap_rpc_script(orig: Any) -> Any:
+    def invoke(dst: str, qualname: str, args: Any, kwargs: Any, timeout: float,
+               is_async: bool) -> Any:
+        if not _on or getattr(_tls, "paused", 0):
+            return orig(dst, qualname, args, kwargs, timeout, is_async)
+        t0 = perf_counter()
+        fut = orig(dst, qualname, args, kwargs, timeout, is_async)
+        _watch(fut, dst, qualname, t0, _arg_bytes(args, kwargs))
+        return fut
+
+    return invoke
+
+
+def _wrap_remote_script(orig: Any) -> Any:
+    def invoke(dst: str, qualname: str, timeout: float, is_async: bool, *args: Any,
+               **kwargs: Any) -> Any:
+        if not _on or getattr(_tls, "paused", 0):
+            return orig(dst, qualname, timeout, is_async, *args, **kwargs)
+        t0 = perf_counter()
+        rref = orig(dst, qualname, timeout, is_async, *args, **kwargs)
+        _watch(rref._get_future(), dst, qualname, t0, _arg_bytes(args, kwargs))
+        return rref
+
+    return invoke
+
+
+def _wrap_to_here(orig: Any) -> Any:
+    from torch.distributed.rpc.constants import UNSET_RPC_TIMEOUT
+
+    def to_here(self: Any, timeout: float = UNSET_RPC_TIMEOUT) -> Any:
+        if not _on or getattr(_tls, "paused", 0) or self.is_owner():
+            return orig(self, timeout)
+        t0 = perf_counter()
+        value = orig(self, timeout)
+        _done.append((self.owner_name(), "RRef.to_here", t0, perf_counter() - t0,
+                      _value_bytes(value)))
+        return value
+
+    to_here.__doc__ = orig.__doc__
+    return to_here
+
+
+# ---------------------------------------------------------------------------- set-up
 def install(rank: int, name: str) -> None:
-    """Start timing RPCs made from this rank (called on every rank as it joins a world)."""
+    """Wrap torch's RPC entry points in this process (once) and hold tracing until ``arm``.
+
+    Called on every rank as it joins a world, before ``init_rpc``.
+    """
+    global _installed, _Tensor, _proxy_funcs, _enabled, _armed, _caller
+    with _install_lock:
+        _caller = name
+        _armed = False
+        if rank != 0:  # a worker takes the notebook's setting through its environment
+            _enabled = os.environ.get(ENV, "1").lower() not in ("0", "false", "off", "no")
+        _update()
+        if _installed:
+            return
+        import torch
+        from torch._C._distributed_rpc import PyRRef
+        from torch.distributed.rpc import api, rref_proxy
+
+        _Tensor = torch.Tensor
+        _proxy_funcs = (rref_proxy._local_invoke, rref_proxy._local_invoke_async_execution)
+        api.PythonUDF = _wrap_python_udf(api.PythonUDF)
+        api._invoke_rpc_python_udf = _wrap_invoke_udf(api._invoke_rpc_python_udf, False)
+        api._invoke_remote_python_udf = _wrap_invoke_udf(api._invoke_remote_python_udf, True)
+        api._invoke_rpc_builtin = _wrap_rpc_builtin(api._invoke_rpc_builtin)
+        api._invoke_remote_builtin = _wrap_remote_builtin(api._invoke_remote_builtin)
+        api._invoke_rpc_torchscript = _wrap_rpc_script(api._invoke_rpc_torchscript)
+        api._invoke_remote_torchscript = _wrap_remote_script(api._invoke_remote_torchscript)
+        PyRRef.to_here = _wrap_to_here(PyRRef.to_here)
+        _installed = True
+
+
+def arm(rank: int, name: str) -> None:
+    """This rank's world is ready: trace from now on (``metrics`` calls this)."""
+    global _armed, _caller, _wall_offset
+    _caller = name
+    _wall_offset = time.time() - perf_counter()
+    _armed = True
+    _update()
+
+
+def enabled() -> bool:
+    """Whether RPCs made on this rank are being traced."""
+    return _enabled
+
+
+def _set_enabled(on: bool) -> bool:
+    global _enabled
+    _enabled = bool(on)
+    os.environ[ENV] = "1" if on else "0"
+    _update()
+    return _enabled
+
+
+def enable(on: bool = True, everywhere: bool = True, timeout: float = 10.0) -> None:
+    """Switch RPC tracing on or off, here and (``everywhere``) on every worker of the world.
+
+    Worlds started later inherit the setting (through the ``NBDIST_TRACE`` environment
+    variable). Off, each RPC pays one flag test in each wrapper.
+    """
+    _set_enabled(on)
+    if not everywhere:
+        return
+    from .cluster import current
+
+    cluster = current()
+    if cluster is None:
+        return
+    import torch.distributed.rpc as rpc
+
+    with paused():
+        futs = [rpc.rpc_async(nm, _set_enabled, args=(on,), timeout=timeout)
+                for r, nm in enumerate(cluster.names) if r and cluster.ranks[r].alive]
+        for fut in futs:
+            fut.wait()
+
+
+@contextlib.contextmanager
+def paused() -> Iterator[None]:
+    """Do not trace RPCs made by this thread inside the ``with`` block."""
+    _tls.paused = getattr(_tls, "paused", 0) + 1
+    try:
+        yield
+    finally:
+        _tls.paused -= 1
+
+
+# ---------------------------------------------------------------------------- aggregation
+class _KeyStats:
+    __slots__ = ("count", "bytes", "max", "latencies")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.bytes = 0
+        self.max = 0.0
+        self.latencies: collections.deque = collections.deque(maxlen=KEEP_PER_KEY)
+
+
+_agg_lock = threading.Lock()
+_keys: dict[tuple[str, str, str], _KeyStats] = {}
+_timeline: collections.deque = collections.deque(maxlen=KEEP_TIMELINE)
+_version = 0
+
+
+def _take_done() -> list[tuple]:
+    """Completed calls of this rank as ``(callee, function, wall time, latency, bytes)``."""
+    n = len(_done)
+    pop = _done.popleft
+    off = _wall_offset
+    rows = []
+    for _ in range(n):
+        callee, name, t0, lat, nbytes = pop()
+        rows.append((callee, name, t0 + off, lat, nbytes))
+    return rows
+
+
+def _add(caller: str, rows: list[tuple]) -> None:
+    global _version
+    if not rows:
+        return
+    with _agg_lock:
+        for callee, name, t, lat, nbytes in rows:
+            key = (caller, callee, name)
+            s = _keys.get(key)
+            if s is None:
+                s = _keys[key] = _KeyStats()
+            s.count += 1
+            s.bytes += nbytes
+            if lat > s.max:
+                s.max = lat
+            s.latencies.append(lat)
+            _timeline.append((t, caller, callee, name, lat, nbytes))
+        _version += 1
+
+
+def _drain_local() -> None:
+    if _done:
+        _add(_caller, _take_done())
+
+
+def _ship() -> list[dict]:
+    """Worker side: this rank's new rows as internal records for the next metrics batch."""
+    if not _done:
+        return []
+    return [{metrics.INTERNAL: "trace", "caller": _caller, "rows": _take_done()}]
+
+
+def _receive(rec: dict) -> None:
+    """Notebook side: rows a worker shipped."""
+    _add(rec["caller"], rec["rows"])
+
+
+metrics.register_internal("trace", _receive, source=_ship)
+
+
+def version() -> int:
+    """A number that changes whenever new calls were added (cheap polling for displays)."""
+    _drain_local()
+    return _version
+
+
+def samples() -> list[tuple]:
+    """The most recent calls of every rank, oldest first, as tuples
+    ``(wall time, caller, callee, function, latency s, bytes)``."""
+    _drain_local()
+    with _agg_lock:
+        return list(_timeline)
+
+
+def clear() -> None:
+    """Forget every call traced so far (on the notebook; workers' unsent rows still arrive)."""
+    global _version
+    _take_done()
+    with _agg_lock:
+        _keys.clear()
+        _timeline.clear()
+        _version += 1
+
+
+def rpc_stats(caller: str | None = None, callee: str | None = None,
+              function: str | None = None) -> RpcStats:
+    """Per (caller, callee, function): count, p50/p95/max latency (ms) and bytes sent.
+
+    Covers the calls of every rank received so far (a worker's calls arrive within 50 ms, and
+    before the result of the ``%%dist`` cell that made them). Percentiles are over the last
+    100,000 calls of each row; count, max and bytes over all of them.
+    """
+    import numpy as np
+
+    _drain_local()
+    with _agg_lock:
+        items = [(k, s.count, s.bytes, s.max, list(s.latencies)) for k, s in _keys.items()
+                 if (caller is None or k[0] == caller) and (callee is None or k[1] == callee)
+                 and (function is None or k[2] == function)]
+    rows = []
+    for (cr, ce, fn), count, nbytes, mx, lats in sorted(items, key=lambda i: i[0]):
+        p50, p95 = np.percentile(np.asarray(lats), [50, 95]) if lats else (0.0, 0.0)
+        rows.append({"caller": cr, "callee": ce, "function": fn, "count": count,
+                     "p50_ms": float(p50) * 1e3, "p95_ms": float(p95) * 1e3,
+                     "max_ms": mx * 1e3, "bytes": nbytes})
+    return RpcStats(rows)
+
+
+class RpcStats:
+    """The rows of ``rpc_stats()``: a text table, an HTML table in a notebook, a DataFrame."""
+
+    COLUMNS = ("caller", "callee", "function", "count", "p50_ms", "p95_ms", "max_ms", "bytes")
+
+    def __init__(self, rows: list[dict]) -> None:
+        self.rows = rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __iter__(self) -> Iterator[dict]:
+        return iter(self.rows)
+
+    def get(self, caller: str, callee: str, function: str) -> dict | None:
+        """The row of one (caller, callee, function), or None."""
+        for r in self.rows:
+            if (r["caller"], r["callee"], r["function"]) == (caller, callee, function):
+                return r
+        return None
+
+    def total(self) -> int:
+        """Calls counted over all rows."""
+        return sum(r["count"] for r in self.rows)
+
+    def frame(self) -> Any:
+        """The rows as a pandas DataFrame (needs pandas)."""
+        import pandas as pd
+
+        return pd.DataFrame(self.rows, columns=list(self.COLUMNS))
+
+    def _cells(self, r: dict) -> list[str]:
+        return [r["caller"], r["callee"], r["function"], str(r["count"]), f"{r['p50_ms']:.3f}",
+                f"{r['p95_ms']:.3f}", f"{r['max_ms']:.3f}", _human_bytes(r["bytes"])]
+
+    def __str__(self) -> str:
+        if not self.rows:
+            return "no RPCs traced yet"
+        table = [list(self.COLUMNS)] + [self._cells(r) for r in self.rows]
+        widths = [max(len(line[i]) for line in table) for i in range(len(self.COLUMNS))]
+        return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True))
+                         .rstrip() for line in table)
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        if not self.rows:
+            return "<i>no RPCs traced yet</i>"
+        head = "".join(f"<th>{html.escape(c)}</th>" for c in self.COLUMNS)
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in self._cells(r))
+                       + "</tr>" for r in self.rows)
+        return f"<table class='nbdist-rpc-stats'><tr>{head}</tr>{body}</table>"
+
+
+def _human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GB"

@@ -72,6 +72,9 @@ def run_forked(cfg: dict) -> None:
         _channel = connect(cfg["socket"], cfg["authkey"], timeout=cfg["start_timeout"])
         _channel.send(("hello", _rank, os.getpid()))
         _setup_output(cfg)
+        if os.environ.get("NBDIST_TEST_FAIL_RANK") == str(_rank):  # for the fault tests
+            raise RuntimeError(f"rank {_rank} fails at start-up on purpose "
+                               "(NBDIST_TEST_FAIL_RANK is set)")
         _join_world(cfg)
         from . import metrics
 
@@ -143,6 +146,9 @@ def _join_world(cfg: dict) -> None:
                                            num_worker_threads=cfg["rpc_threads"])
     rpc.init_rpc(cfg["name"], rank=_rank, world_size=cfg["world_size"],
                  rpc_backend_options=opts)
+    from . import rref_reset
+
+    rref_reset.start_ids_at(cfg["epoch"])  # RRef ids unlike any of an earlier world
     if cfg.get("process_group"):
         dist.init_process_group(cfg["process_group"], init_method=cfg["pg_init"], rank=_rank,
                                 world_size=cfg["world_size"],

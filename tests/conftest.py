@@ -51,17 +51,18 @@ def world():
     if c is not None:
         c.stop()
     for c in started:
-        c.stop()
+        if c.running:  # Cluster.stop is not idempotent: a second call writes to closed fds
+            c.stop()
 
 
 @pytest.fixture
 def ipython():
     """An IPython shell with ``%load_ext nbdist``; any world it starts is stopped after."""
-    from IPython.testing.globalipapp import start_ipython
+    from IPython.testing.globalipapp import get_ipython
 
     import nbdist
 
-    ip = start_ipython()
+    ip = get_ipython()
     ip.run_line_magic("load_ext", "nbdist")
     yield ip
     nbdist.stop()

@@ -1,0 +1,65 @@
+"""Batched-vs-unbatched timings for the dashboard's bar chart.
+
+``record_timing(observers, mode, seconds)`` from any rank: on the notebook the timing is stored
+here, on a worker it travels to the notebook with the next metrics batch (an internal record,
+so it never shows in ``history()``). The batching tutorial and ``bench/batching.py`` call it,
+for example ``record_timing(4, "batch", 17.6)`` and ``record_timing(4, "no batch", 28.9)``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from .. import metrics
+
+__all__ = ["clear_timings", "record_timing", "timings", "timings_version"]
+
+_lock = threading.Lock()
+_timings: list[dict] = []
+_version = 0
+
+
+def record_timing(observers: int, mode: str, seconds: float) -> None:
+    """Record that a run with ``observers`` observers in ``mode`` took ``seconds``."""
+    if not isinstance(observers, int) or observers < 0:
+        raise ValueError(f"record_timing: observers must be a whole number >= 0, got "
+                         f"{observers!r}")
+    if not isinstance(mode, str) or not mode:
+        raise ValueError(f"record_timing: mode must be a name such as 'batch', got {mode!r}")
+    row = {"observers": observers, "mode": mode, "seconds": float(seconds), "time": time.time(),
+           "rank": metrics._rank}
+    metrics.send_internal("timing", row=row)
+
+
+def _add(row: dict) -> None:
+    global _version
+    with _lock:
+        _timings.append(row)
+        _version += 1
+
+
+def _receive(rec: dict) -> None:
+    _add(rec["row"])
+
+
+metrics.register_internal("timing", _receive)
+
+
+def timings() -> list[dict]:
+    """Copies of every recorded timing: ``observers``, ``mode``, ``seconds``, ``time``, ``rank``."""
+    with _lock:
+        return [dict(t) for t in _timings]
+
+
+def timings_version() -> int:
+    """A number that changes whenever a timing is recorded or cleared."""
+    return _version
+
+
+def clear_timings() -> None:
+    """Forget every recorded timing."""
+    global _version
+    with _lock:
+        _timings.clear()
+        _version += 1

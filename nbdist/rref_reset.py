@@ -1,0 +1,134 @@
+"""Let one process hold RRefs in world after world.
+
+torch keeps its RRef bookkeeping in a process-wide ``RRefContext`` singleton that is created on
+first use with the RPC agent of that moment and marked destroyed at ``rpc.shutdown``. In the
+notebook, which is rank 0 of every world it starts, every RRef operation after the first
+world would go to a dead agent ("RPC is no longer running"). Two repairs, both verified by
+``tests/test_torch_pins.py`` on every torch upgrade:
+
+- ``reset_singleton()`` (after shutdown, before the next ``init_rpc``) clears the singleton and
+  its initialisation guard, found by name in libtorch's ELF symbol table, so the next world
+  builds a fresh context around its own agent. The old one is leaked on purpose.
+- ``start_ids_at(epoch)`` (on every worker, right after ``init_rpc``) moves the process-wide
+  RRef id counter (a static member, so the notebook's own ids never repeat) to
+  ``epoch << 40``. A user may still hold RRefs a worker of an earlier world created; when they
+  are garbage-collected torch tells their (new) owner to forget them. With ids that never
+  repeat across worlds, such a message names no RRef of the current world (ids stay under
+  torch's 48-bit limit for 255 worlds, then wrap).
+
+Where the symbols cannot be found (not Linux/ELF, stripped build), ``available()`` is False
+and a second world in one process refuses RRef work loudly instead of corrupting it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import re
+import struct
+import sys
+from functools import lru_cache
+
+__all__ = ["available", "next_id", "reset_singleton", "start_ids_at"]
+
+_GET = "_ZN5torch11distributed3rpc11RRefContext11getInstanceEv"
+_CTX = "_ZZN5torch11distributed3rpc11RRefContext11getInstanceEvE7context"
+_GUARD = "_ZGVZN5torch11distributed3rpc11RRefContext11getInstanceEvE7context"
+_NEXT_ID = "_ZN5torch11distributed3rpc11RRefContext12nextLocalId_E"
+_LOCAL_ID = re.compile(r"local_id=(\d+)")
+
+
+def _libtorch_cpu() -> str:
+    import torch
+
+    return os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so")
+
+
+def _elf_symbols(path: str, names: list[str]) -> dict[str, int]:
+    """``st_value`` of each named symbol in the ELF ``.symtab`` of ``path``."""
+    import numpy as np
+
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        if mm[:4] != b"\x7fELF" or mm[4] != 2:
+            return {}
+        shoff, = struct.unpack_from("<Q", mm, 0x28)
+        shentsize, shnum = struct.unpack_from("<HH", mm, 0x3A)
+        sections = [struct.unpack_from("<IIQQQQIIQQ", mm, shoff + i * shentsize)
+                    for i in range(shnum)]
+        symtab = next((s for s in sections if s[1] == 2), None)  # SHT_SYMTAB
+        if symtab is None:
+            return {}
+        strtab = sections[symtab[6]]
+        str_off, str_size = strtab[4], strtab[5]
+        wanted = {}
+        for name in names:
+            pos = mm.find(b"\0" + name.encode() + b"\0", str_off, str_off + str_size)
+            if pos >= 0:
+                wanted[pos + 1 - str_off] = name
+        dtype = np.dtype([("name", "<u4"), ("info", "u1"), ("other", "u1"), ("shndx", "<u2"),
+                          ("value", "<u8"), ("size", "<u8")])
+        table = np.frombuffer(mm, dtype=dtype, count=symtab[5] // 24, offset=symtab[4])
+        hits = np.nonzero(np.isin(table["name"], np.array(list(wanted), dtype="<u4")))[0]
+        found = {wanted[int(table["name"][i])]: int(table["value"][i]) for i in hits}
+        del table
+        return found
+
+
+@lru_cache(maxsize=1)
+def _addresses() -> tuple[int, int, int] | None:
+    """Runtime addresses of the singleton pointer, its guard and the id counter, or None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    path = _libtorch_cpu()
+    try:
+        syms = _elf_symbols(path, [_GET, _CTX, _GUARD, _NEXT_ID])
+        lib = ctypes.CDLL(path)
+        get_addr = ctypes.cast(getattr(lib, _GET), ctypes.c_void_p).value
+    except (OSError, AttributeError, ValueError):
+        return None
+    if len(syms) != 4 or not get_addr:
+        return None
+    base = get_addr - syms[_GET]
+    return base + syms[_CTX], base + syms[_GUARD], base + syms[_NEXT_ID]
+
+
+def available() -> bool:
+    """Whether this torch build lets nbdist renew the RRef context."""
+    return _addresses() is not None
+
+
+def reset_singleton() -> bool:
+    """Forget the RRef context so the next ``init_rpc`` gets a fresh one; True if done."""
+    addrs = _addresses()
+    if addrs is None:
+        return False
+    ctx, guard, _ = addrs
+    if ctypes.c_uint8.from_address(guard).value == 0:
+        return True  # never built in this process: nothing to forget
+    ctypes.c_uint64.from_address(ctx).value = 0
+    ctypes.c_uint64.from_address(guard).value = 0
+    return True
+
+
+def next_id() -> int:
+    """The local id the next RRef created in this process will get (needs RPC running)."""
+    import torch.distributed.rpc as rpc
+
+    m = _LOCAL_ID.search(repr(rpc.RRef(None)))
+    if m is None:
+        raise RuntimeError("cannot read an RRef id from its repr")
+    return int(m.group(1)) + 1
+
+
+def start_ids_at(epoch: int) -> bool:
+    """Make this process's new RRef ids start at ``(epoch % 255 + 1) << 40``; True if done."""
+    addrs = _addresses()
+    if addrs is None:
+        return False
+    target = (epoch % 255 + 1) << 40
+    counter = ctypes.c_int64.from_address(addrs[2])
+    if counter.value > target:
+        return True  # already past it (the notebook's own counter only grows)
+    counter.value = target
+    return next_id() == target + 1

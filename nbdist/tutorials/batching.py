@@ -1,0 +1,273 @@
+"""Batched and unbatched CartPole over torch RPC: one agent (rank 0), N observers (workers).
+
+Shared by ``notebooks/04_batched_vs_unbatched.ipynb`` (for its results list and chart) and by
+``bench/batching.py``, which runs as a script: there ``__main__`` is the script, so the classes
+must live in an importable module to travel by reference. The notebook defines its own copies
+of ``Policy``/``Observer``/``Agent`` in cells because they are what the tutorial is about.
+
+Each observer owns a gymnasium ``CartPole-v1`` environment (new API: ``reset(seed=...)``
+returns ``(obs, info)``, ``step`` returns ``(obs, reward, terminated, truncated, info)``). For
+every step it sends its state to the agent and gets an action back:
+
+- unbatched: ``Agent.select_action`` runs the policy on that one state at once and returns;
+- batched: ``Agent.select_action_batch`` is an ``@rpc.functions.async_execution`` function that
+  parks the state in row ``ob_id`` of one tensor and returns a future; the last observer to
+  arrive runs the policy once on all rows and completes the step's future, which answers
+  every waiting observer.
+
+Seeds: the agent seeds torch with ``seed``; observer ``i`` seeds its environment with
+``seed + i`` on its first reset. Batched and unbatched runs use the same seeds.
+"""
+
+from __future__ import annotations
+
+import csv
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed.rpc as rpc
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import optim
+from torch.distributions import Categorical
+
+__all__ = [
+    "RESULTS",
+    "Agent",
+    "Observer",
+    "Policy",
+    "plot_results",
+    "record",
+    "run_config",
+    "speedup",
+    "write_csv",
+]
+
+#: Every timing recorded with ``record`` in this process: dicts
+#: ``{"observers": int, "mode": "batched" | "unbatched", "seconds": float, ...}``.
+RESULTS: list[dict] = []
+
+MODES = ("batched", "unbatched")
+
+
+class Policy(nn.Module):
+    """A two-layer policy: 4 state numbers in, probabilities of the 2 actions out.
+
+    ``softmax`` runs over the last dimension, so one state ``(1, 4)`` and a batch ``(N, 4)``
+    both work with the same module (the tutorial switched ``dim`` with a flag instead).
+    """
+
+    def __init__(self, hidden: int = 128) -> None:
+        super().__init__()
+        self.affine1 = nn.Linear(4, hidden)
+        self.dropout = nn.Dropout(p=0.6)
+        self.affine2 = nn.Linear(hidden, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(self.dropout(self.affine1(x)))
+        return F.softmax(self.affine2(x), dim=-1)
+
+
+class Observer:
+    """Runs on a worker: steps its own CartPole and asks the agent for every action."""
+
+    def __init__(self, batch: bool, seed: int, gamma: float = 1.0) -> None:
+        import gymnasium as gym
+
+        self.id = rpc.get_worker_info().id - 1  # rank 1 is observer 0
+        self.env = gym.make("CartPole-v1")
+        self.seed = seed + self.id
+        self.gamma = gamma
+        self.first_reset = True
+        self.select_action = Agent.select_action_batch if batch else Agent.select_action
+
+    def ready(self) -> int:
+        """A cheap call the agent uses to wait until this observer is built."""
+        return self.id
+
+    def _reset(self) -> Any:
+        seed, self.first_reset = (self.seed if self.first_reset else None), False
+        state, _info = self.env.reset(seed=seed)
+        return state
+
+    def run_episode(self, agent_rref: rpc.RRef, n_steps: int) -> tuple[torch.Tensor, int]:
+        """Run ``n_steps`` steps (restarting the game whenever it ends).
+
+        Returns the discounted returns of every step and the length of the first game.
+        """
+        state = self._reset()
+        rewards = torch.zeros(n_steps)
+        first_len, start = n_steps, 0
+        owner = agent_rref.owner()
+        for step in range(n_steps):
+            x = torch.from_numpy(state).float().unsqueeze(0)
+            action = rpc.rpc_sync(owner, self.select_action, args=(agent_rref, self.id, x))
+            state, reward, terminated, truncated, _ = self.env.step(action)
+            rewards[step] = reward
+            if terminated or truncated or step + 1 == n_steps:
+                running = 0.0
+                for i in range(step, start - 1, -1):  # rewards-to-go of this game
+                    running = float(rewards[i]) + self.gamma * running
+                    rewards[i] = running
+                if start == 0:
+                    first_len = step + 1
+                state, start = self._reset(), step + 1
+        return rewards, first_len
+
+
+class Agent:
+    """Lives in the notebook (rank 0): owns the policy, drives the observers, learns."""
+
+    def __init__(self, observers: Sequence[str], batch: bool = True, seed: int = 543,
+                 gamma: float = 1.0, lr: float = 1e-2) -> None:
+        torch.manual_seed(seed)
+        self.batch = batch
+        self.policy = Policy()
+        self.optimizer = optim.Adam(self.policy.parameters(), lr=lr)
+        self.agent_rref = rpc.RRef(self)
+        self.ob_rrefs = [rpc.remote(name, Observer, args=(batch, seed, gamma))
+                         for name in observers]
+        n = len(self.ob_rrefs)
+        self.lock = threading.Lock()
+        self.states = torch.zeros(n, 4)
+        self.pending = n
+        self.future_actions: torch.futures.Future = torch.futures.Future()
+        self.saved_log_probs: Any = [] if batch else {i: [] for i in range(n)}
+        self.running_reward = 0.0
+
+    def wait_ready(self) -> None:
+        """Block until every observer is built (imports gymnasium, makes its env)."""
+        torch.futures.wait_all([r.rpc_async().ready() for r in self.ob_rrefs])
+
+    @staticmethod
+    def select_action(agent_rref: rpc.RRef, ob_id: int, state: torch.Tensor) -> int:
+        """Unbatched: one policy call per observer per step."""
+        self = agent_rref.local_value()
+        m = Categorical(self.policy(state))
+        action = m.sample()
+        with self.lock:
+            self.saved_log_probs[ob_id].append(m.log_prob(action))
+        return int(action.item())
+
+    @staticmethod
+    @rpc.functions.async_execution
+    def select_action_batch(agent_rref: rpc.RRef, ob_id: int,
+                            state: torch.Tensor) -> torch.futures.Future:
+        """Batched: park the state, return a future; the last arrival runs the policy once."""
+        self = agent_rref.local_value()
+        with self.lock:
+            self.states[ob_id].copy_(state.view(-1))
+            action = self.future_actions.then(lambda fut: int(fut.value()[ob_id]))
+            self.pending -= 1
+            full = self.pending == 0
+            if full:
+                self.pending = len(self.ob_rrefs)
+                # clone: ``states`` is overwritten in place next step, and autograd needs
+                # this step's input for the backward pass at the end of the episode
+                m = Categorical(self.policy(self.states.clone()))
+                actions = m.sample()
+                self.saved_log_probs.append(m.log_prob(actions))
+                step_future, self.future_actions = self.future_actions, torch.futures.Future()
+        if full:
+            step_future.set_result(actions)  # answers every observer waiting on this step
+        return action
+
+    def run_episode(self, n_steps: int) -> tuple[float, float]:
+        """One episode on every observer at once, then one policy-gradient step."""
+        futs = [r.rpc_async().run_episode(self.agent_rref, n_steps) for r in self.ob_rrefs]
+        rets = torch.futures.wait_all(futs)
+        returns = torch.stack([ret[0] for ret in rets])  # (observers, steps)
+        game_len = sum(ret[1] for ret in rets) / len(rets)
+        if self.batch:
+            log_probs = torch.stack(self.saved_log_probs, dim=1)  # steps x (observers,)
+        else:
+            log_probs = torch.stack([torch.cat(self.saved_log_probs[i])
+                                     for i in range(len(rets))])
+        loss = -(log_probs * returns).sum() / len(rets)
+        self.optimizer.zero_grad()
+        loss.backward()
+        self.optimizer.step()
+        self.saved_log_probs = [] if self.batch else {i: [] for i in range(len(rets))}
+        self.running_reward = 0.5 * game_len + 0.5 * self.running_reward
+        return game_len, self.running_reward
+
+    def close(self) -> None:
+        """Drop the RRefs (to self and to the observers) before the world goes away."""
+        self.ob_rrefs = []
+        self.agent_rref = None  # type: ignore[assignment]
+
+
+def run_config(observers: Sequence[str], batch: bool, episodes: int, steps: int,
+               seed: int = 543, gamma: float = 1.0,
+               on_episode: Callable[[int, float, float], None] | None = None) -> float:
+    """Time ``episodes`` episodes of ``steps`` steps with one observer per name given.
+
+    The clock starts once every observer is built, so world start-up and ``import
+    gymnasium`` on the workers are not counted. Must run on the agent's rank (rank 0).
+    """
+    agent = Agent(observers, batch=batch, seed=seed, gamma=gamma)
+    try:
+        agent.wait_ready()
+        t0 = time.perf_counter()
+        for ep in range(episodes):
+            last, running = agent.run_episode(steps)
+            if on_episode is not None:
+                on_episode(ep, last, running)
+        return time.perf_counter() - t0
+    finally:
+        agent.close()
+
+
+def record(observers: int, mode: str, seconds: float, **extra: Any) -> dict:
+    """Keep one timing in ``RESULTS`` and send it to ``nbdist.log`` (for a dashboard)."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    row = {"observers": int(observers), "mode": mode, "seconds": float(seconds), **extra}
+    RESULTS.append(row)
+    from nbdist import log
+
+    log(batching_observers=row["observers"], batching_mode=mode, batching_seconds=row["seconds"])
+    return row
+
+
+def _latest(rows: Sequence[dict]) -> dict[tuple[int, str], float]:
+    return {(r["observers"], r["mode"]): r["seconds"] for r in rows}
+
+
+def speedup(rows: Sequence[dict], observers: int) -> float:
+    """Unbatched time over batched time at ``observers`` (above 1: batching is faster)."""
+    t = _latest(rows)
+    return t[(observers, "unbatched")] / t[(observers, "batched")]
+
+
+def plot_results(ax: Any, rows: Sequence[dict], title: str = "") -> None:
+    """Draw (or redraw) grouped bars: seconds per observer count, batched vs unbatched."""
+    t = _latest(rows)
+    counts = sorted({n for n, _ in t})
+    ax.clear()
+    width = 0.4
+    for k, mode in enumerate(MODES):
+        xs = [i + (k - 0.5) * width for i, n in enumerate(counts) if (n, mode) in t]
+        ys = [t[(n, mode)] for n in counts if (n, mode) in t]
+        ax.bar(xs, ys, width, label=mode, color=("tab:blue", "tab:orange")[k])
+    ax.set_xticks(range(len(counts)), [str(n) for n in counts])
+    ax.set_xlabel("observers")
+    ax.set_ylabel("seconds")
+    ax.set_title(title or "time per configuration")
+    if t:
+        ax.legend(loc="upper left")
+
+
+def write_csv(rows: Sequence[dict], path: str) -> str:
+    """Write ``observers, mode, seconds`` rows (plus any extra keys) to ``path``."""
+    cols: list[str] = []
+    for r in rows:
+        cols.extend(k for k in r if k not in cols)
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=cols)
+        w.writeheader()
+        w.writerows(rows)
+    return path

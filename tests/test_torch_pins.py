@@ -1,0 +1,48 @@
+"""The private torch names nbdist relies on. A torch upgrade that moves one fails here, loudly."""
+
+from __future__ import annotations
+
+import collections
+import threading
+
+
+def test_rpc_counters_and_all_gather_state_exist():
+    import torch.distributed.rpc as rpc
+    from torch.distributed.rpc import api
+
+    assert isinstance(rpc._init_counter, int)
+    assert isinstance(rpc._init_counter_lock, type(threading.Lock()))
+    assert isinstance(api._all_gather_sequence_id, dict)
+    assert isinstance(api._all_gather_sequence_id_to_states, collections.defaultdict)
+    assert hasattr(api._all_gather_dict_lock, "acquire")
+
+
+def test_rpc_internals_patched_by_nbdist_exist():
+    from torch.distributed.rpc import api, internal
+
+    for name in ("_invoke_rpc", "_require_initialized", "RPCExecMode", "rpc_sync", "rpc_async"):
+        assert hasattr(api, name), name
+    for name in ("_internal_rpc_pickler", "_run_function", "_thread_local_tensor_tables",
+                 "RemoteException", "PythonUDF"):
+        assert hasattr(internal, name), name
+    pickler = internal._internal_rpc_pickler
+    for name in ("_dispatch_table", "_py_rref_reducer", "_rref_reducer",
+                 "_script_module_reducer", "_class_reducer_dict", "serialize"):
+        assert hasattr(pickler, name), name
+
+
+def test_rref_context_symbols_are_found():
+    from nbdist import rref_reset
+
+    assert rref_reset.available(), "libtorch's RRefContext symbols moved: restarts with RRefs " \
+                                   "in the notebook will break; update nbdist/rref_reset.py"
+
+
+def test_async_execution_marker_attribute():
+    import torch.distributed.rpc as rpc
+
+    @rpc.functions.async_execution
+    def f():
+        pass
+
+    assert hasattr(f, "_wrapped_async_rpc_function")
