@@ -11,7 +11,7 @@ from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, magic_arguments
 
 from . import cluster as _cluster
 from .errors import ClusterStateError
@@ -49,12 +49,13 @@ def _count(raw: str | None, magic: str) -> int | None:
 
 
 def _parse(magic_fn: Any, line: str, magic: str) -> Any:
+    """Shell-style quoting (``--worker-name "obs{rank}"``), argparse errors as UsageError."""
     try:
-        shlex.split(line)
+        argv = shlex.split(line)
     except ValueError as exc:
         raise UsageError(f"{magic}: {exc}") from None
     try:
-        return parse_argstring(magic_fn, line)
+        return magic_fn.parser.parse_args(argv)
     except UsageError as exc:
         raise UsageError(f"{magic}: {exc}; see `{magic}?` for the flags") from None
 

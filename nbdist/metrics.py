@@ -30,6 +30,8 @@ __all__ = [
     "clear_history",
     "export_history",
     "flush_worker",
+    "follow",
+    "generation",
     "history",
     "history_frame",
     "log",
@@ -50,6 +52,7 @@ _internal: dict[str, Callable[[dict], None]] = {}
 _PROVIDERS = {"trace": "nbdist.tracing", "timing": "nbdist.display.timings"}
 _rank = 0
 _name = "worker0"
+_generation = 0  # bumped by clear_history, so displays know to start over
 _next_step = 0
 
 # worker side
@@ -205,6 +208,11 @@ def flush_worker(channel: Any, rank: int) -> None:
                 pass
 
 
+def generation() -> int:
+    """A number that changes each time ``clear_history`` runs."""
+    return _generation
+
+
 def history(rank: int | None = None, key: str | None = None) -> list[dict]:
     """Copies of the records received so far, optionally for one rank or one value name."""
     with _lock:
@@ -230,9 +238,10 @@ def clear_history() -> None:
 
     A worker's own counter restarts with each new world (give ``step=`` to control it).
     """
-    global _next_step
+    global _next_step, _generation
     with _lock:
         _history.clear()
+        _generation += 1
     _next_step = 0
 
 
@@ -263,6 +272,19 @@ def subscribe(fn: Callable[[list[dict]], None]) -> None:
     """Call ``fn(records)`` (from the receiving thread, keep it quick) as records arrive."""
     with _lock:
         _subscribers.append(fn)
+
+
+def follow(fn: Callable[[list[dict]], None]) -> tuple[list[dict], int]:
+    """Subscribe ``fn`` and return ``(history so far, generation)`` in one atomic step.
+
+    Every record is then either in the returned history or passed to ``fn`` later, never
+    both, never neither. Calling it again for the same ``fn`` starts over.
+    """
+    with _lock:
+        if fn in _subscribers:
+            _subscribers.remove(fn)
+        _subscribers.append(fn)
+        return list(_history), _generation
 
 
 def unsubscribe(fn: Callable[[list[dict]], None]) -> None:

@@ -58,6 +58,7 @@ __all__ = [
     "paused",
     "rpc_stats",
     "samples",
+    "total_calls",
     "version",
 ]
 
@@ -388,6 +389,13 @@ def version() -> int:
     """A number that changes whenever new calls were added (cheap polling for displays)."""
     _drain_local()
     return _version
+
+
+def total_calls() -> int:
+    """How many calls were traced on every rank (received so far)."""
+    _drain_local()
+    with _agg_lock:
+        return sum(s.count for s in _keys.values())
 
 
 def samples() -> list[tuple]:

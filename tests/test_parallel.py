@@ -7,6 +7,8 @@ so they only work if those functions travel by value.
 
 from __future__ import annotations
 
+import itertools
+import linecache
 import os
 import pickle
 import socket
@@ -26,11 +28,16 @@ import nbdist.parallel as todist
 from nbdist.parallel.partition import Partition, split_sizes
 from nbdist.parallel.reduce import PartitionResults
 
+_cells = itertools.count(1)
+
 
 def cell(src: str) -> SimpleNamespace:
     """Define things as a notebook cell does: in a namespace whose ``__name__`` is __main__."""
+    code = textwrap.dedent(src)
+    filename = f"<notebook-cell-{next(_cells)}>"
+    linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)  # as IPython
     ns: dict = {"__name__": "__main__"}
-    exec(compile(textwrap.dedent(src), "<notebook-cell>", "exec"), ns)
+    exec(compile(code, filename, "exec"), ns)
     return SimpleNamespace(**ns)
 
 
@@ -181,6 +188,8 @@ def test_module_clone_modes():
     buf = todist.module_clone(model, by="ref", detach_buffers=True)
     assert buf[1].running_mean is not model[1].running_mean
     assert torch.equal(buf[1].running_mean, model[1].running_mean)
+    moved = todist.module_clone(model, by="copy", device="cpu")
+    assert all(q.device.type == "cpu" and q.grad_fn is not None for q in moved.parameters())
     tree = todist.module_clone({"w": model[0].weight, "n": 3}, by="clone")
     assert tree["n"] == 3 and tree["w"].grad_fn is not None
     with pytest.raises(ValueError, match="by must be one of"):
@@ -254,6 +263,8 @@ def test_data_parallel_equals_single_process(world, batch):
         assert chunks.sizes == split_sizes(batch, 3) and chunks.ranks == [0, 1, 2]
         loss = todist.mean_reducer(chunks)
         grads = todist.autograd.grad(ctx, loss, tuple(model.parameters()))
+        kept = todist.autograd.get_gradients(ctx)
+        assert close([kept[p] for p in model.parameters()], ref_grads)
     assert torch.allclose(loss, ref_loss) and close(grads, ref_grads)
     if batch % 3:  # uneven: an unweighted mean of the chunk losses is a different number
         assert not torch.allclose(torch.stack(list(chunks)).mean(), ref_loss)
@@ -334,6 +345,13 @@ def picky(x):
     if todist.get_rank() == 2:
         raise ShardError(f"rank {todist.get_rank()} refuses {x.shape[0]} rows")
     return x.sum()
+
+def total(x):
+    return x.sum()
+
+def slow(seconds):
+    import time
+    time.sleep(seconds)
 """
 
 
@@ -353,6 +371,25 @@ def test_failing_partition_names_rank_worker_and_error(world):
     with pytest.raises(todist.PartitionError, match=r"rank 2 \(worker2\)"):
         todist.remote_async_call(nb.picky, args=(x,)).wait()
     assert todist.remote_sync_call(nb.picky, args=(x,), partitioner="worker1") == [6.0]
+    with pytest.raises(todist.PartitionError) as err:  # the reply never comes: RPC timeout
+        todist.remote_sync_call(nb.slow, args=(1.5,), partitioner=2, timeout=0.3)
+    assert (err.value.rank, err.value.worker_name) == (2, "worker2")
+    assert "timeout" in err.value.message.lower()
+
+
+def test_custom_partitioner_triples(world):
+    world(2)
+    nb = cell(FAIL)
+
+    def halves(x):  # TorchOpt's contract: plain (rank, args, kwargs) triples, no sizes
+        return [(1, (x[:4],), None), ("worker2", (x[4:],), {})]
+
+    x = torch.arange(6.0)
+    out = todist.remote_sync_call(nb.total, args=(x,), partitioner=halves)
+    assert out == [6.0, 9.0] and out.ranks == [1, 2] and out.sizes == [None, None]
+    mean = todist.remote_sync_call(nb.total, args=(x,), partitioner=halves,
+                                   reducer=todist.mean_reducer)
+    assert mean.item() == pytest.approx(7.5)  # sizes unknown: an equal-weight mean
 
 
 def test_barrier_waits_for_all_and_raises_on_missing(world):

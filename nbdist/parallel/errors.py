@@ -41,11 +41,8 @@ class PartitionError(RemoteError):
         first = self.failures[0]
         self.rank, self.worker_name = first.rank, first.name
         self.etype, self.message = first.etype, first.message
-        ranks = sorted({(f.rank, f.name) for f in self.failures})
-        plural = "s" if len(ranks) > 1 else ""
-        where = ", ".join(f"{r} ({nm})" for r, nm in ranks)
         heads = "; ".join(f.headline() for f in self.failures)
-        NbdistError.__init__(self, f"{func_name} failed on rank{plural} {where}: {heads}")
+        NbdistError.__init__(self, f"{func_name} failed on {heads}")
 
 
 class BarrierError(NbdistError):

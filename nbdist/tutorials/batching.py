@@ -1,9 +1,9 @@
 """Batched and unbatched CartPole over torch RPC: one agent (rank 0), N observers (workers).
 
-Shared by ``notebooks/04_batched_vs_unbatched.ipynb`` (for its results list and chart) and by
+Shared by ``notebooks/04_batched_vs_unbatched.ipynb`` (its results list, table and chart) and by
 ``bench/batching.py``, which runs as a script: there ``__main__`` is the script, so the classes
-must live in an importable module to travel by reference. The notebook defines its own copies
-of ``Policy``/``Observer``/``Agent`` in cells because they are what the tutorial is about.
+live in an importable module and travel by reference. The notebook defines its own copies of
+``Policy``/``Observer``/``Agent`` in cells because they are what the tutorial is about.
 
 Each observer owns a gymnasium ``CartPole-v1`` environment (new API: ``reset(seed=...)``
 returns ``(obs, info)``, ``step`` returns ``(obs, reward, terminated, truncated, info)``). For
@@ -35,6 +35,7 @@ from torch import optim
 from torch.distributions import Categorical
 
 __all__ = [
+    "MODES",
     "RESULTS",
     "Agent",
     "Observer",
@@ -43,6 +44,7 @@ __all__ = [
     "record",
     "run_config",
     "speedup",
+    "table",
     "write_csv",
 ]
 
@@ -74,10 +76,10 @@ class Policy(nn.Module):
 class Observer:
     """Runs on a worker: steps its own CartPole and asks the agent for every action."""
 
-    def __init__(self, batch: bool, seed: int, gamma: float = 1.0) -> None:
+    def __init__(self, ob_id: int, batch: bool, seed: int, gamma: float = 1.0) -> None:
         import gymnasium as gym
 
-        self.id = rpc.get_worker_info().id - 1  # rank 1 is observer 0
+        self.id = ob_id  # row of this observer in the agent's batch
         self.env = gym.make("CartPole-v1")
         self.seed = seed + self.id
         self.gamma = gamma
@@ -119,7 +121,7 @@ class Observer:
 
 
 class Agent:
-    """Lives in the notebook (rank 0): owns the policy, drives the observers, learns."""
+    """Owns the policy, drives the observers (one RRef each), learns after every episode."""
 
     def __init__(self, observers: Sequence[str], batch: bool = True, seed: int = 543,
                  gamma: float = 1.0, lr: float = 1e-2) -> None:
@@ -128,8 +130,8 @@ class Agent:
         self.policy = Policy()
         self.optimizer = optim.Adam(self.policy.parameters(), lr=lr)
         self.agent_rref = rpc.RRef(self)
-        self.ob_rrefs = [rpc.remote(name, Observer, args=(batch, seed, gamma))
-                         for name in observers]
+        self.ob_rrefs = [rpc.remote(name, Observer, args=(i, batch, seed, gamma))
+                         for i, name in enumerate(observers)]
         n = len(self.ob_rrefs)
         self.lock = threading.Lock()
         self.states = torch.zeros(n, 4)
@@ -205,8 +207,8 @@ def run_config(observers: Sequence[str], batch: bool, episodes: int, steps: int,
                on_episode: Callable[[int, float, float], None] | None = None) -> float:
     """Time ``episodes`` episodes of ``steps`` steps with one observer per name given.
 
-    The clock starts once every observer is built, so world start-up and ``import
-    gymnasium`` on the workers are not counted. Must run on the agent's rank (rank 0).
+    Runs on rank 0, which owns the agent. The clock starts once every observer is built, so
+    world start-up and ``import gymnasium`` on the workers are not counted.
     """
     agent = Agent(observers, batch=batch, seed=seed, gamma=gamma)
     try:
@@ -241,6 +243,17 @@ def speedup(rows: Sequence[dict], observers: int) -> float:
     """Unbatched time over batched time at ``observers`` (above 1: batching is faster)."""
     t = _latest(rows)
     return t[(observers, "unbatched")] / t[(observers, "batched")]
+
+
+def table(rows: Sequence[dict]) -> list[dict]:
+    """One row per observer count: seconds batched, seconds unbatched, speed-up (if both)."""
+    t = _latest(rows)
+    out = []
+    for n in sorted({n for n, _ in t}):
+        b, u = t.get((n, "batched")), t.get((n, "unbatched"))
+        out.append({"observers": n, "batched s": b, "unbatched s": u,
+                    "speed-up": u / b if b and u else None})
+    return out
 
 
 def plot_results(ax: Any, rows: Sequence[dict], title: str = "") -> None:

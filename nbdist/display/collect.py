@@ -1,0 +1,80 @@
+"""``SeriesStore``: the dashboard's own copy of the logged values, kept per value and rank.
+
+It subscribes to the metrics stream, so building a picture never walks the whole history:
+each delivered batch costs a few list appends, and a snapshot copies the lists it needs.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+from .. import metrics
+
+__all__ = ["SeriesStore"]
+
+_NUMBER = (int, float)
+
+
+class SeriesStore:
+    """``{value name: {rank: (steps, values)}}`` for every numeric value logged."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._series: dict[str, dict[int, tuple[list, list]]] = {}
+        self.names: dict[int, str] = {}
+        self.version = 0
+        self.count = 0
+        self._generation = -1
+
+    def attach(self) -> None:
+        """Load the history so far and follow the stream (``detach`` stops following)."""
+        with self._lock:  # deliveries wait until the history is in, so order is kept
+            self._series.clear()
+            self.count = 0
+            rows, self._generation = metrics.follow(self.add)
+            self._add(rows)
+
+    def detach(self) -> None:
+        """Stop following the metrics stream."""
+        metrics.unsubscribe(self.add)
+
+    def add(self, records: Sequence[dict]) -> None:
+        """Append a batch of records (the metrics subscriber)."""
+        with self._lock:
+            self._add(records)
+
+    def _add(self, records: Sequence[dict]) -> None:
+        series, names = self._series, self.names
+        for rec in records:
+            rank = rec["rank"]
+            step = rec["step"]
+            if rank not in names or names[rank] != rec["name"]:
+                names[rank] = rec["name"]
+            for key, v in rec.items():
+                if key in metrics.META or type(v) not in _NUMBER:
+                    continue
+                per = series.get(key)
+                if per is None:
+                    per = series[key] = {}
+                curve = per.get(rank)
+                if curve is None:
+                    curve = per[rank] = ([], [])
+                curve[0].append(step)
+                curve[1].append(v)
+        self.count += len(records)
+        self.version += 1
+
+    def keys(self) -> list[str]:
+        """Value names in the order they were first seen."""
+        with self._lock:
+            return list(self._series)
+
+    def snapshot(self, keys: Sequence[str] | None = None) -> dict[str, dict[int, tuple]]:
+        """Copies of the curves of ``keys`` (all if None); starts over after clear_history."""
+        if self._generation != metrics.generation():
+            self.attach()
+        with self._lock:
+            wanted = list(self._series) if keys is None else [k for k in keys]
+            return {k: {r: (list(c[0]), list(c[1])) for r, c in self._series.get(k, {}).items()}
+                    for k in wanted}

@@ -1,0 +1,317 @@
+"""``nbdist.dashboard()``: a live ipywidgets panel of the logged values, RPCs and ranks.
+
+Panels: per-rank curves of each logged value with a running mean; RPC latency (p50, p95) and
+calls per second per destination over time; cluster status (alive, CPU, memory per rank);
+execution times by observers and mode (``record_timing``).
+
+Live: a background thread redraws only the panels whose data changed, at most ``hz`` times a
+second (slower when drawing is slow: it never spends more than about a third of its time
+drawing), and sets new PNG bytes on ``ipywidgets.Image`` widgets. That updates the view in
+place while a cell is still running; nothing is cleared, nothing is appended to the output.
+
+Static: the displayed output also carries an ``image/png`` picture of every panel, so a
+notebook run by nbclient/nbconvert keeps a picture. After each cell, while no live view of the
+widget exists (``_view_count`` stays 0 without a widget frontend) and the data changed, the
+picture is replaced in place (``update_display``). Outside a kernel (a terminal), the picture
+is written to a file instead, refreshed about once a second. ``save(path)`` writes one anytime.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import threading
+import weakref
+from collections.abc import Sequence
+from time import perf_counter
+from typing import Any
+
+from .. import metrics, tracing
+from . import render, timings
+from .collect import SeriesStore
+
+__all__ = ["Dashboard", "close_all", "dashboard"]
+
+_open: weakref.WeakSet = weakref.WeakSet()
+_VIEW = "application/vnd.jupyter.widget-view+json"
+STATUS_EVERY = 1.0  # seconds between status samples
+FILE_EVERY = 1.0  # seconds between picture files in a terminal
+
+
+def _kernel_shell() -> Any:
+    """The IPython shell if this runs in a Jupyter kernel (widgets can show), else None."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return None
+    ip = get_ipython()
+    return ip if ip is not None and getattr(ip, "kernel", None) is not None else None
+
+
+class Dashboard:
+    """A live view of one notebook's nbdist world. Use ``nbdist.dashboard()`` to make one."""
+
+    def __init__(self, keys: Sequence[str] | str | None = None, window: int = 20,
+                 hz: float = 5.0, max_keys: int = 4, save_to: str | None = None,
+                 widgets: bool | None = None) -> None:
+        if isinstance(keys, str):
+            keys = [k.strip() for k in keys.split(",") if k.strip()]
+        if hz <= 0:
+            raise ValueError(f"dashboard: hz must be positive, got {hz!r}")
+        if window < 1:
+            raise ValueError(f"dashboard: window must be at least 1, got {window!r}")
+        self.keys = list(keys) if keys else None
+        self.window = int(window)
+        self.interval = 1.0 / hz
+        self.max_keys = max_keys
+        self.save_to = save_to
+        self.store = SeriesStore()
+        self.store.attach()
+        self.renders = 0  # panel pictures drawn (for tests and curiosity)
+        self.last_error: str | None = None
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._seen: dict[str, Any] = {}
+        self._status_at = 0.0
+        self._rows: list[dict] = []
+        self._file_at = 0.0
+        self._file_seen: Any = None
+        self._fallback_seen: Any = None
+        self._handle: Any = None
+        self._shell: Any = None
+        self._skip_display = False
+        self.widget: Any = None
+        use_widgets = widgets if widgets is not None else _kernel_shell() is not None
+        if use_widgets:
+            self._build_widget()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="nbdist-dashboard")
+        _open.add(self)
+
+    # ------------------------------------------------------------------ data
+    def plot_keys(self) -> list[str]:
+        """The logged values shown: ``keys`` if given, else the first ``max_keys`` seen."""
+        return list(self.keys) if self.keys else self.store.keys()[: self.max_keys]
+
+    def _status_rows(self, force: bool = False) -> list[dict]:
+        now = perf_counter()
+        if force or now - self._status_at >= STATUS_EVERY:
+            from ..cluster import current
+            from ..status import collect_status
+
+            c = current()
+            self._rows = collect_status(c).rows if c is not None else []
+            self._status_at = now
+        return self._rows
+
+    def snapshot(self) -> render.Snapshot:
+        """The data of one picture (see ``nbdist.display.render``)."""
+        keys = self.plot_keys()
+        rows = self._status_rows()
+        names = dict(self.store.names)
+        for r in rows:
+            names.setdefault(r["rank"], r["name"])
+        return render.Snapshot(series=self.store.snapshot(keys), names=names,
+                               samples=tracing.samples(), rows=rows,
+                               timings=timings.timings(), window=self.window,
+                               title=self._title_text(rows))
+
+    def _title_text(self, rows: list[dict]) -> str:
+        alive = sum(1 for r in rows if r.get("alive"))
+        when = datetime.datetime.now().strftime("%H:%M:%S")
+        world = f"{alive}/{len(rows)} ranks alive" if rows else "no world running"
+        return (f"nbdist dashboard: {world}, {self.store.count:,} records, "
+                f"{tracing.total_calls():,} RPCs traced, {when}")
+
+    def _versions(self) -> dict[str, Any]:
+        return {"metrics": (self.store.version, metrics.generation(), tuple(self.plot_keys())),
+                "rpc": tracing.version(), "timings": timings.timings_version()}
+
+    # ------------------------------------------------------------------ pictures
+    def figure(self) -> Any:
+        """Every panel in one matplotlib figure."""
+        snap = self.snapshot()
+        return render.dashboard_figure(snap, self.plot_keys())
+
+    def png(self) -> bytes:
+        """Every panel in one PNG."""
+        self._status_rows(force=True)
+        return render.to_png(self.figure())
+
+    def save(self, path: str = "nbdist-dashboard.png") -> str:
+        """Write every panel to ``path`` (PNG, or any format matplotlib knows by extension)."""
+        self._status_rows(force=True)
+        fig = self.figure()
+        if path.lower().endswith(".png"):
+            with open(path, "wb") as f:
+                f.write(render.to_png(fig))
+        else:
+            fig.savefig(path, dpi=render.DPI)
+        return path
+
+    # ------------------------------------------------------------------ widget
+    def _build_widget(self) -> None:
+        import ipywidgets as w
+
+        px = int(render.WIDTH * render.DPI)
+        self._w_title = w.HTML()
+        self._w_metrics = w.Image(format="png", layout=w.Layout(width="100%",
+                                                                max_width=f"{px}px"))
+        self._w_rpc = w.Image(format="png", layout=w.Layout(width="100%", max_width=f"{px}px"))
+        self._w_status = w.HTML(layout=w.Layout(width="50%", max_width=f"{px // 2}px"))
+        self._w_timings = w.Image(format="png", layout=w.Layout(width="50%",
+                                                                max_width=f"{px // 2}px"))
+        self.widget = w.VBox([self._w_title, self._w_metrics, self._w_rpc,
+                              w.HBox([self._w_status, self._w_timings])])
+        self.widget.add_class("nbdist-dashboard")
+        self.widget._view_count = 0  # count live views: 0 means no widget frontend saw it
+
+    def refresh(self, force: bool = False) -> int:
+        """Redraw the panels whose data changed (all if ``force``); returns how many."""
+        with self._lock:
+            if self.widget is None:
+                return self._refresh_file(force)
+            versions = self._versions()
+            snap = self.snapshot()
+            drawn = 0
+            if force or versions["metrics"] != self._seen.get("metrics"):
+                self._w_metrics.value = render.to_png(render.metrics_figure(snap,
+                                                                            self.plot_keys()))
+                drawn += 1
+            if force or versions["rpc"] != self._seen.get("rpc"):
+                self._w_rpc.value = render.to_png(render.latency_figure(snap))
+                drawn += 1
+            if force or versions["timings"] != self._seen.get("timings"):
+                self._w_timings.value = render.to_png(render.timings_figure(snap))
+                drawn += 1
+            self._w_status.value = render.status_html(snap.rows)
+            title = snap.title if self.last_error is None else (
+                f"{snap.title} (last drawing error: {self.last_error})")
+            self._w_title.value = f"<b>{title}</b>"
+            self._seen = versions
+            self.renders += drawn
+            return drawn + self._refresh_file(force)
+
+    def _refresh_file(self, force: bool) -> int:
+        if self.save_to is None:
+            return 0
+        versions = self._versions()
+        now = perf_counter()
+        if not force and (versions == self._file_seen or now - self._file_at < FILE_EVERY):
+            return 0
+        self.save(self.save_to)
+        self._file_seen, self._file_at = versions, now
+        self.renders += 1
+        return 1
+
+    def _run(self) -> None:
+        wait = self.interval
+        while not self._stop.wait(wait):
+            t0 = perf_counter()
+            try:
+                self.refresh()
+                self.last_error = None
+            except Exception as exc:  # noqa: BLE001 - keep the dashboard alive, say what broke
+                self.last_error = f"{type(exc).__name__}: {exc}"
+            wait = max(self.interval, 2.0 * (perf_counter() - t0))
+
+    def start(self) -> Dashboard:
+        """Start the background updates (``dashboard()`` does this)."""
+        if not self._thread.is_alive() and not self._stop.is_set():
+            self._thread.start()
+        return self
+
+    def running(self) -> bool:
+        """Whether the background thread is updating the dashboard."""
+        return self._thread.is_alive()
+
+    # ------------------------------------------------------------------ display
+    def _bundle(self) -> dict:
+        png = self.png()
+        self._fallback_seen = self._versions()
+        bundle = {"image/png": base64.b64encode(png).decode("ascii"),
+                  "text/plain": "<nbdist dashboard: live in a notebook with ipywidgets; "
+                                "a picture elsewhere>"}
+        if self.widget is not None:
+            view = self.widget._repr_mimebundle_()
+            bundle[_VIEW] = view[_VIEW]
+        return bundle
+
+    def show(self) -> None:
+        """Display the dashboard (again) in the current cell; all copies update together."""
+        from IPython.display import display
+
+        if self.widget is None:
+            if self.save_to is None:
+                self.save_to = "nbdist-dashboard.png"
+            self.save(self.save_to)
+            print(f"nbdist: no notebook frontend here; the dashboard is written to "
+                  f"{self.save_to} (refreshed while data arrives)")
+            return
+        self.refresh(force=True)
+        bundle = self._bundle()
+        if self._handle is None:
+            self._handle = display(bundle, raw=True, display_id=True)
+            self._shell = _kernel_shell()
+            if self._shell is not None:
+                self._shell.events.register("post_run_cell", self._after_cell)
+        else:
+            self._handle.display(bundle, raw=True)
+
+    def _ipython_display_(self) -> None:
+        if self._skip_display:  # dashboard() just displayed it; don't show it twice
+            self._skip_display = False
+            return
+        self.show()
+
+    def _after_cell(self, *_args: Any) -> None:
+        """After each cell: refresh the static picture where no widget frontend is watching."""
+        self._skip_display = False
+        if self._stop.is_set() or self._handle is None or self.widget is None:
+            return
+        if (self.widget._view_count or 0) > 0 or self._versions() == self._fallback_seen:
+            return
+        try:
+            with self._lock:
+                self._handle.update(self._bundle(), raw=True)
+        except Exception as exc:  # noqa: BLE001
+            self.last_error = f"{type(exc).__name__}: {exc}"
+
+    def close(self) -> None:
+        """Stop updating (the last picture stays); stops following the metrics stream."""
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(5.0)
+        self.store.detach()
+        if self._shell is not None:
+            try:
+                self._shell.events.unregister("post_run_cell", self._after_cell)
+            except ValueError:
+                pass
+            self._shell = None
+        _open.discard(self)
+
+    def __repr__(self) -> str:
+        state = "live" if self.running() else "stopped"
+        return f"<nbdist.Dashboard {state}: {', '.join(self.plot_keys()) or 'no values yet'}>"
+
+
+def dashboard(keys: Sequence[str] | str | None = None, window: int = 20, hz: float = 5.0,
+              max_keys: int = 4, save_to: str | None = None, show: bool = True) -> Dashboard:
+    """Show a live dashboard of this notebook's world and return it.
+
+    ``keys``: the logged values to plot (default: the first ``max_keys`` logged); ``window``:
+    steps in the running mean; ``hz``: most redraws a second; ``save_to``: also keep a PNG
+    file (outside a notebook it is written to ``nbdist-dashboard.png`` by default).
+    ``.save(path)`` writes a picture, ``.close()`` stops the updates.
+    """
+    d = Dashboard(keys=keys, window=window, hz=hz, max_keys=max_keys, save_to=save_to)
+    if show:
+        d.show()
+        d._skip_display = d.widget is not None  # the cell's value would show it again
+    return d.start()
+
+
+def close_all() -> None:
+    """Stop every open dashboard of this process."""
+    for d in list(_open):
+        d.close()

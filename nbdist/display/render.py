@@ -1,0 +1,373 @@
+"""Pure renderers: matplotlib figures, PNG bytes and HTML from plain data.
+
+Nothing here knows about widgets, kernels or clusters, so every function can be tested (and
+reused) on its own. Figures are ``matplotlib.figure.Figure`` objects with an Agg canvas, never
+pyplot: drawing is safe from a background thread and leaves the notebook's backend alone.
+
+The data shapes:
+
+- ``series``: ``{key: {rank: (steps, values)}}``, one curve per rank and logged value;
+- ``names``: ``{rank: name}`` for legends;
+- ``samples``: RPC calls ``(wall time, caller, callee, function, latency s, bytes)``
+  (``nbdist.tracing.samples()``);
+- ``rows``: status rows as ``nbdist.status.collect_status`` makes them (``rank``, ``name``,
+  ``alive``, ``state``, ``cpu``, ``mem_mb``);
+- ``timings``: ``{"observers", "mode", "seconds"}`` dicts (``nbdist.display.record_timing``).
+"""
+
+from __future__ import annotations
+
+import html
+import io
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+__all__ = [
+    "Snapshot",
+    "dashboard_figure",
+    "draw_latency",
+    "draw_metric",
+    "draw_status",
+    "draw_timings",
+    "latency_over_time",
+    "latency_figure",
+    "metrics_figure",
+    "rank_color",
+    "running_mean",
+    "status_figure",
+    "status_html",
+    "thin",
+    "timings_figure",
+    "timings_table",
+    "to_png",
+]
+
+DPI = 80
+WIDTH = 9.0  # inches: 720 px at DPI
+MAX_POINTS = 1500  # per raw curve; the running mean is computed on every point first
+_PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
+            "#7f7f7f", "#bcbd22", "#17becf")
+_EMPTY_STYLE = {"ha": "center", "va": "center", "color": "#888", "fontsize": 10}
+
+
+@dataclass
+class Snapshot:
+    """Everything one dashboard picture shows."""
+
+    series: dict[str, dict[int, tuple[Sequence, Sequence]]] = field(default_factory=dict)
+    names: dict[int, str] = field(default_factory=dict)
+    samples: list[tuple] = field(default_factory=list)
+    rows: list[dict] = field(default_factory=list)
+    timings: list[dict] = field(default_factory=list)
+    window: int = 20
+    title: str = ""
+
+
+def rank_color(rank: int) -> str:
+    """The colour of a rank in every panel."""
+    return _PALETTE[rank % len(_PALETTE)]
+
+
+def new_figure(height: float, width: float = WIDTH) -> Figure:
+    """A figure with an Agg canvas (no pyplot, no global state)."""
+    fig = Figure(figsize=(width, height), dpi=DPI)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def to_png(fig: Figure) -> bytes:
+    """The figure as PNG bytes (fast compression: these are redrawn several times a second)."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI, pil_kwargs={"compress_level": 1})
+    return buf.getvalue()
+
+
+def running_mean(values: Sequence[float], window: int) -> np.ndarray:
+    """Trailing mean over the last ``window`` values (fewer at the start), same length."""
+    y = np.asarray(values, dtype=float)
+    if y.size == 0 or window <= 1:
+        return y.copy()
+    c = np.cumsum(np.insert(y, 0, 0.0))
+    n = np.arange(1, y.size + 1)
+    lo = np.maximum(n - window, 0)
+    return (c[n] - c[lo]) / (n - lo)
+
+
+def thin(x: Sequence, y: Sequence, max_points: int = MAX_POINTS) -> tuple[np.ndarray, np.ndarray]:
+    """Every k-th point so at most ``max_points`` remain (the last point is always kept)."""
+    x, y = np.asarray(x), np.asarray(y)
+    if x.size <= max_points:
+        return x, y
+    idx = np.unique(np.append(np.linspace(0, x.size - 1, max_points).astype(int), x.size - 1))
+    return x[idx], y[idx]
+
+
+def _label(rank: int, names: dict[int, str]) -> str:
+    name = names.get(rank)
+    return f"{name} (rank {rank})" if name and name != f"rank{rank}" else f"rank {rank}"
+
+
+def _empty(ax: Any, text: str) -> None:
+    ax.text(0.5, 0.5, text, transform=ax.transAxes, **_EMPTY_STYLE)
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def draw_metric(ax: Any, curves: dict[int, tuple[Sequence, Sequence]], key: str,
+                names: dict[int, str] | None = None, window: int = 20) -> None:
+    """One logged value: a faint raw line and a bold running mean per rank."""
+    names = names or {}
+    ax.set_title(key, fontsize=10, loc="left")
+    if not curves:
+        _empty(ax, f"no '{key}' logged yet")
+        return
+    for rank in sorted(curves):
+        steps, values = curves[rank]
+        if len(values) == 0:
+            continue
+        color = rank_color(rank)
+        mean = running_mean(values, window)
+        xs, ys = thin(steps, values)
+        ax.plot(xs, ys, color=color, lw=0.7, alpha=0.35)
+        xm, ym = thin(steps, mean)
+        ax.plot(xm, ym, color=color, lw=1.8, label=_label(rank, names))
+    ax.grid(alpha=0.3)
+    ax.tick_params(labelsize=8)
+    ax.set_xlabel("step", fontsize=8)
+    ax.legend(fontsize=7, loc="best", frameon=False,
+              title=f"mean of {window}" if window > 1 else None, title_fontsize=7)
+
+
+def latency_over_time(samples: Sequence[tuple], bucket: float | None = None,
+                      max_buckets: int = 60) -> dict[str, dict[str, np.ndarray]]:
+    """Per destination: bucket start times (s since the first call), p50 and p95 latency (ms)
+    and calls per second. ``bucket`` defaults to the span over ``max_buckets``, at least 0.5 s.
+    """
+    if not samples:
+        return {}
+    arr_t = np.fromiter((s[0] for s in samples), float, len(samples))
+    arr_l = np.fromiter((s[4] for s in samples), float, len(samples)) * 1e3
+    dests = np.array([s[2] for s in samples], dtype=object)
+    t0 = float(arr_t.min())
+    span = float(arr_t.max()) - t0
+    if bucket is None:
+        bucket = max(0.5, span / max_buckets)
+    idx = ((arr_t - t0) // bucket).astype(int)
+    out: dict[str, dict[str, np.ndarray]] = {}
+    for dest in sorted(set(dests)):
+        mask = dests == dest
+        b, lat = idx[mask], arr_l[mask]
+        order = np.argsort(b, kind="stable")
+        b, lat = b[order], lat[order]
+        keys, starts = np.unique(b, return_index=True)
+        groups = np.split(lat, starts[1:])
+        out[dest] = {
+            "t": keys * bucket,
+            "p50": np.array([np.percentile(g, 50) for g in groups]),
+            "p95": np.array([np.percentile(g, 95) for g in groups]),
+            "rate": np.array([len(g) for g in groups]) / bucket,
+        }
+        # the last bucket may be cut short by the end of the data: rate over what it covers
+        last_start = t0 + keys[-1] * bucket
+        covered = min(bucket, max(float(arr_t.max()) - last_start, bucket / 2))
+        out[dest]["rate"][-1] = len(groups[-1]) / covered
+    return out
+
+
+def _dest_color(dest: str, names: dict[int, str]) -> str:
+    for rank, name in names.items():
+        if name == dest:
+            return rank_color(rank)
+    return _PALETTE[sum(map(ord, dest)) % len(_PALETTE)]
+
+
+def draw_latency(ax_lat: Any, ax_rate: Any, samples: Sequence[tuple],
+                 names: dict[int, str] | None = None) -> None:
+    """RPC latency per destination over time (p50 solid, p95 dashed) and calls per second."""
+    names = names or {}
+    ax_lat.set_title("RPC latency by destination (p50 —, p95 - -)", fontsize=10, loc="left")
+    ax_rate.set_title("RPC calls per second by destination", fontsize=10, loc="left")
+    per = latency_over_time(samples)
+    if not per:
+        _empty(ax_lat, "no RPCs traced yet")
+        _empty(ax_rate, "no RPCs traced yet")
+        return
+    for dest, d in per.items():
+        color = _dest_color(dest, names)
+        ax_lat.plot(d["t"], d["p50"], color=color, lw=1.6, marker=".", ms=3, label=dest)
+        ax_lat.plot(d["t"], d["p95"], color=color, lw=1.0, ls="--")
+        ax_rate.plot(d["t"], d["rate"], color=color, lw=1.6, marker=".", ms=3, label=dest)
+    ax_lat.set_ylabel("ms", fontsize=8)
+    ax_lat.set_ylim(bottom=0)
+    ax_rate.set_ylabel("calls/s", fontsize=8)
+    for ax in (ax_lat, ax_rate):
+        ax.set_xlabel("seconds", fontsize=8)
+        ax.grid(alpha=0.3)
+        ax.tick_params(labelsize=8)
+        ax.legend(fontsize=7, frameon=False, loc="best")
+
+
+def draw_status(ax: Any, rows: Sequence[dict]) -> None:
+    """CPU % per rank as bars (memory and state written beside them); dead ranks in red."""
+    ax.set_title("cluster status", fontsize=10, loc="left")
+    if not rows:
+        _empty(ax, "no world running")
+        return
+    labels, cpus, colors, notes = [], [], [], []
+    for r in rows:
+        labels.append(f"{r['rank']} {r['name']}")
+        cpus.append(r.get("cpu") or 0.0)
+        colors.append(rank_color(r["rank"]) if r.get("alive") else "#cc3333")
+        mem = r.get("mem_mb")
+        notes.append(f"{r.get('state', '')}" + (f", {mem:.0f} MB" if mem is not None else ""))
+    y = np.arange(len(rows))
+    ax.barh(y, cpus, color=colors, alpha=0.8)
+    top = max([100.0, *cpus])
+    for yi, cpu, note in zip(y, cpus, notes, strict=True):
+        ax.text(cpu + top * 0.01, yi, f"{cpu:.0f}%  {note}", va="center", fontsize=7)
+    ax.set_yticks(y, labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlim(0, top * 1.6)
+    ax.set_xlabel("CPU %", fontsize=8)
+    ax.tick_params(labelsize=8)
+
+
+def timings_table(timings: Sequence[dict]) -> tuple[list[int], list[str], np.ndarray]:
+    """Observer counts, modes (first seen first) and the mean seconds of each (nan if none)."""
+    observers = sorted({int(t["observers"]) for t in timings})
+    modes: list[str] = []
+    for t in timings:
+        if t["mode"] not in modes:
+            modes.append(t["mode"])
+    sums = np.zeros((len(modes), len(observers)))
+    counts = np.zeros_like(sums)
+    for t in timings:
+        i, j = modes.index(t["mode"]), observers.index(int(t["observers"]))
+        sums[i, j] += float(t["seconds"])
+        counts[i, j] += 1
+    with np.errstate(invalid="ignore", divide="ignore"):
+        means = np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
+    return observers, modes, means
+
+
+def draw_timings(ax: Any, timings: Sequence[dict]) -> None:
+    """Grouped bars: seconds per run by number of observers, one bar per mode."""
+    ax.set_title("execution time by observers", fontsize=10, loc="left")
+    if not timings:
+        _empty(ax, "no timings recorded\n(nbdist.display.record_timing)")
+        return
+    observers, modes, means = timings_table(timings)
+    x = np.arange(len(observers))
+    width = 0.8 / len(modes)
+    for i, mode in enumerate(modes):
+        ax.bar(x + (i - (len(modes) - 1) / 2) * width, np.nan_to_num(means[i]), width,
+               label=mode, color=_PALETTE[i % len(_PALETTE)], alpha=0.85)
+    ax.set_xticks(x, [str(o) for o in observers], fontsize=8)
+    ax.set_xlabel("observers", fontsize=8)
+    ax.set_ylabel("seconds", fontsize=8)
+    ax.tick_params(labelsize=8)
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=7, frameon=False)
+
+
+def _metric_grid(fig: Figure, spec: Any, snap: Snapshot, keys: Sequence[str]) -> None:
+    cols = 2 if len(keys) > 1 else 1
+    sub = spec.subgridspec((len(keys) + cols - 1) // cols, cols, hspace=0.55, wspace=0.2)
+    for i, key in enumerate(keys):
+        ax = fig.add_subplot(sub[i // cols, i % cols])
+        draw_metric(ax, snap.series.get(key, {}), key, snap.names, snap.window)
+
+
+def metric_rows(keys: Sequence[str]) -> int:
+    """How many rows of plots ``keys`` take (two per row)."""
+    return max(1, (len(keys) + 1) // 2)
+
+
+def metrics_figure(snap: Snapshot, keys: Sequence[str] | None = None) -> Figure:
+    """Per-rank curves of each logged value (two plots a row)."""
+    keys = list(keys if keys is not None else snap.series)
+    fig = new_figure(2.6 * metric_rows(keys))
+    if not keys:
+        _empty(fig.add_subplot(1, 1, 1), "no values logged yet: nbdist.log(reward=...) on any "
+               "rank")
+    else:
+        _metric_grid(fig, fig.add_gridspec(1, 1)[0], snap, keys)
+    fig.subplots_adjust(left=0.07, right=0.98, top=0.9, bottom=0.15)
+    return fig
+
+
+def latency_figure(snap: Snapshot) -> Figure:
+    """RPC latency percentiles and call rates per destination over time."""
+    fig = new_figure(2.6)
+    ax_lat, ax_rate = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    draw_latency(ax_lat, ax_rate, snap.samples, snap.names)
+    fig.subplots_adjust(left=0.07, right=0.98, top=0.88, bottom=0.18, wspace=0.25)
+    return fig
+
+
+def status_figure(snap: Snapshot) -> Figure:
+    """The status panel alone."""
+    fig = new_figure(0.6 + 0.3 * max(len(snap.rows), 2), WIDTH / 2)
+    draw_status(fig.add_subplot(1, 1, 1), snap.rows)
+    fig.subplots_adjust(left=0.25, right=0.97, top=0.85, bottom=0.2)
+    return fig
+
+
+def timings_figure(snap: Snapshot) -> Figure:
+    """The batched-vs-unbatched bar chart alone."""
+    fig = new_figure(2.6, WIDTH / 2)
+    draw_timings(fig.add_subplot(1, 1, 1), snap.timings)
+    fig.subplots_adjust(left=0.14, right=0.97, top=0.88, bottom=0.18)
+    return fig
+
+
+def dashboard_figure(snap: Snapshot, keys: Sequence[str] | None = None) -> Figure:
+    """Every panel in one picture: values, RPC latency and rates, status, timings."""
+    keys = list(keys if keys is not None else snap.series)
+    mrows = metric_rows(keys)
+    heights = [2.4 * mrows, 2.4, 2.4]
+    height = sum(heights) + (0.4 if snap.title else 0.0)
+    fig = new_figure(height)
+    grid = fig.add_gridspec(3, 1, height_ratios=heights, hspace=0.45)
+    if keys:
+        _metric_grid(fig, grid[0], snap, keys)
+    else:
+        _empty(fig.add_subplot(grid[0]), "no values logged yet")
+    sub = grid[1].subgridspec(1, 2, wspace=0.25)
+    draw_latency(fig.add_subplot(sub[0]), fig.add_subplot(sub[1]), snap.samples, snap.names)
+    sub = grid[2].subgridspec(1, 2, wspace=0.45)
+    draw_status(fig.add_subplot(sub[0]), snap.rows)
+    draw_timings(fig.add_subplot(sub[1]), snap.timings)
+    if snap.title:
+        fig.suptitle(snap.title, fontsize=11, x=0.02, ha="left")
+    top = 1.0 - (0.75 if snap.title else 0.35) / height
+    fig.subplots_adjust(left=0.12, right=0.98, top=top, bottom=0.5 / height)
+    return fig
+
+
+def status_html(rows: Sequence[dict]) -> str:
+    """An HTML table of the ranks with inline CPU bars; dead ranks in red."""
+    if not rows:
+        return "<div class='nbdist-status'><i>no world running</i></div>"
+    out = ["<table class='nbdist-status' style='border-collapse:collapse;font-size:12px'>",
+           "<tr><th align=left>rank</th><th align=left>name</th><th align=left>state</th>"
+           "<th align=left>CPU</th><th align=right>mem MB</th></tr>"]
+    for r in rows:
+        cpu = r.get("cpu")
+        mem = r.get("mem_mb")
+        width = 0 if cpu is None else min(cpu, 200.0) / 2
+        color = rank_color(r["rank"]) if r.get("alive") else "#cc3333"
+        style = "" if r.get("alive") else " style='color:#b00'"
+        bar = (f"<div style='display:inline-block;width:{width:.0f}px;height:9px;"
+               f"background:{color}'></div> {'-' if cpu is None else f'{cpu:.0f}%'}")
+        out.append(f"<tr{style}><td>{r['rank']}</td><td>{html.escape(str(r['name']))}</td>"
+                   f"<td>{html.escape(str(r.get('state', '')))}</td>"
+                   f"<td style='min-width:130px'>{bar}</td>"
+                   f"<td align=right>{'-' if mem is None else f'{mem:.0f}'}</td></tr>")
+    out.append("</table>")
+    return "".join(out)

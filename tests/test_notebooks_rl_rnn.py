@@ -1,0 +1,63 @@
+"""Notebooks 01 (RL with RRef) and 02 (distributed RNN), executed headless in quick mode.
+
+Each runs in a real kernel through nbclient with ``NBDIST_QUICK=1``; a failing assertion cell
+fails the test with the cell's traceback. The executed copies are kept in tests/artifacts/.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+from conftest import ARTIFACTS, NOTEBOOKS, cell_text, run_notebook
+
+QUICK = {"NBDIST_QUICK": "1"}
+
+
+def _run(name: str):
+    t0 = time.monotonic()
+    nb = run_notebook(NOTEBOOKS / name, env=QUICK, timeout=300, save_to=ARTIFACTS / name)
+    return nb, cell_text(nb), time.monotonic() - t0
+
+
+def _no_errors(nb) -> None:
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            assert out.get("output_type") != "error", out
+
+
+@pytest.mark.timeout(600)
+def test_rl_rref_notebook_quick():
+    nb, text, seconds = _run("01_rl_rref.ipynb")
+    _no_errors(nb)
+    # observers were built on the workers, and their prints came back prefixed
+    for name in ("obs1", "obs2"):
+        assert f"[{name}] {name}: CartPole-v1 ready in process" in text, text
+        assert len(re.findall(rf"^\[{name}\] {name}: episode \d+ reward \d+", text, re.M)) == 4
+    # the agent printed every episode, with both observers' rewards
+    episodes = re.findall(r"^Episode +(\d+) +rewards +(\d+) +(\d+) +last +(\d+)", text, re.M)
+    assert [int(e[0]) for e in episodes] == [1, 2, 3, 4], text
+    for _, r1, r2, last in episodes:
+        assert int(last) == min(int(r1), int(r2))
+    assert "all checks passed" in text
+    assert "nbdist: stopped" in text
+    assert "Traceback" not in text
+    print(f"01_rl_rref quick: {seconds:.1f}s")
+
+
+@pytest.mark.timeout(600)
+def test_distributed_rnn_notebook_quick():
+    nb, text, seconds = _run("02_distributed_rnn.ipynb")
+    _no_errors(nb)
+    # the remote parts were built on the parameter server, which printed from there
+    assert re.search(r"^\[ps\] EmbeddingTable \d+ x \d+ built on ps", text, re.M), text
+    assert "ps: 3 parameter tensors" in text
+    assert "trainer: 8 parameter tensors" in text
+    losses = [float(x) for x in re.findall(r"^step +\d+ +loss (\d+\.\d+)", text, re.M)]
+    assert len(losses) >= 6, text
+    assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.3, losses
+    assert "all checks passed" in text
+    assert "nbdist: stopped" in text
+    assert "Traceback" not in text
+    print(f"02_distributed_rnn quick: {seconds:.1f}s")

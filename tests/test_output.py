@@ -1,0 +1,87 @@
+"""Behaviour 2: what workers print shows in the cell that caused it, led by the rank's name."""
+
+from __future__ import annotations
+
+import time
+
+CODE = '''
+import sys, threading, warnings
+import torch.distributed.rpc as rpc
+
+def chatty(n):
+    print(f"observer {n} runs an episode")
+    print("to stderr", file=sys.stderr)
+    t = threading.Thread(target=lambda: print("from a thread"))
+    t.start(); t.join()
+    warnings.warn("a real user warning")
+    return n
+'''
+
+
+def _wait_for(capsys, needle: str, timeout: float = 3.0) -> tuple[str, str]:
+    deadline = time.monotonic() + timeout
+    out = err = ""
+    while time.monotonic() < deadline:
+        o, e = capsys.readouterr()
+        out, err = out + o, err + e
+        if needle in out + err:
+            break
+        time.sleep(0.02)
+    return out, err
+
+
+def test_rpc_output_stdout_stderr_threads_warnings(ipython, capsys):
+    ipython.run_line_magic("dist_start", "2 --name agent --worker-name obs{rank}")
+    assert ipython.run_cell(CODE).success
+    capsys.readouterr()
+    t0 = time.monotonic()
+    assert ipython.run_cell("rpc.rpc_sync('obs2', chatty, args=(2,))").success
+    out, err = _wait_for(capsys, "a real user warning")
+    assert time.monotonic() - t0 < 3
+    assert "[obs2] observer 2 runs an episode\n" in out
+    assert "[obs2] from a thread\n" in out
+    assert "[obs2] to stderr\n" in err
+    assert "UserWarning: a real user warning" in err and "[obs2]" in err
+    assert "[obs1]" not in out + err
+
+
+def test_output_arrives_before_rpc_returns(ipython, capsys):
+    """Flushed before the reply is sent, so it is visible by the time rpc_sync returns."""
+    ipython.run_line_magic("dist_start", "1")
+    ipython.run_cell("import torch.distributed.rpc as rpc\n"
+                     "def hello():\n    print('hello there')\n    return 1")
+    capsys.readouterr()
+    ipython.run_cell("rpc.rpc_sync('worker1', hello)")
+    out, _ = _wait_for(capsys, "hello there", timeout=0.5)
+    assert "[worker1] hello there" in out
+
+
+def test_dist_cell_streams_and_shows_last_expression(ipython, capsys):
+    ipython.run_line_magic("dist_start", "2")
+    capsys.readouterr()
+    ipython.run_cell_magic("dist", "", "import os\nprint('pid', os.getpid() > 0)\n"
+                                       "{'rank': int(os.environ['NBDIST_RANK'])}")
+    out, _ = capsys.readouterr()
+    assert "[worker1] pid True" in out and "[worker2] pid True" in out
+    assert "[worker1] {'rank': 1}" in out and "[worker2] {'rank': 2}" in out
+
+
+def test_partial_lines_are_flushed_and_state_persists(ipython, capsys):
+    ipython.run_line_magic("dist_start", "1")
+    ipython.run_cell_magic("dist", "", "counter = 41")
+    capsys.readouterr()
+    ipython.run_cell_magic("dist", "", "counter += 1\nprint('no newline', end='')\ncounter")
+    out, _ = capsys.readouterr()
+    assert "[worker1] no newline\n" in out
+    assert "[worker1] 42" in out
+
+
+def test_ranks_by_name_and_range(ipython, capsys):
+    ipython.run_line_magic("dist_start", "3 --worker-name w{rank}")
+    capsys.readouterr()
+    ipython.run_cell_magic("dist", "--ranks w2", "'two'")
+    out, _ = capsys.readouterr()
+    assert out.strip() == "[w2] 'two'"
+    ipython.run_cell_magic("dist", "--ranks 1-2", "'x'")
+    out, _ = capsys.readouterr()
+    assert "[w1] 'x'" in out and "[w2] 'x'" in out and "[w3]" not in out
