@@ -149,6 +149,7 @@ class Cluster:
         self._wake_r, self._wake_w = os.pipe()
         self._receiver: threading.Thread | None = None
         self._stopping = False
+        self._torn_down = False
         self._world_dir: str | None = None
         self._listener: Listener | None = None
         self._rpc_up = False
@@ -465,8 +466,8 @@ class Cluster:
             return self._wait_results(exec_id, targets, deadline)
         except KeyboardInterrupt:
             self.interrupt(self._pending(exec_id, targets))
-            try:
-                self._wait_results(exec_id, targets, time.monotonic() + 1.5)
+            try:  # a moment for the workers to report; the notebook comes back regardless
+                self._wait_results(exec_id, targets, time.monotonic() + 0.5)
             except (DistTimeoutError, KeyboardInterrupt):
                 pass
             raise
@@ -549,7 +550,7 @@ class Cluster:
     def stop(self, timeout: float = 5.0) -> None:
         """Stop every worker and leave RPC in this process ready for a new world."""
         global _current
-        if not self.running and not self.ranks:
+        if self._torn_down:
             return
         self.running = False
         try:
@@ -567,6 +568,9 @@ class Cluster:
         return cluster
 
     def _teardown(self, timeout: float = 5.0) -> None:
+        if self._torn_down:
+            return
+        self._torn_down = True
         self._stopping = True
         self.router.muted = True
         rpc_hooks.set_death_check(None)
@@ -579,8 +583,15 @@ class Cluster:
                     pass
         pids = [i.pid for r, i in self.ranks.items() if r != 0 and i.alive and i.pid]
         deadline = time.monotonic() + timeout
+        template_up = _template is not None and _template.alive()
         with self._cv:
             while any(self.ranks[r].alive for r in self.ranks if r != 0):
+                if not template_up:  # no one will report exits: look for ourselves
+                    for r, info in self.ranks.items():
+                        if r and info.alive and not _pid_alive(info.pid):  # type: ignore[arg-type]
+                            info.exit_code = -signal.SIGKILL
+                    if not any(self.ranks[r].alive for r in self.ranks if r != 0):
+                        break
                 if time.monotonic() > deadline - timeout / 2 and pids:
                     _get_template().kill(pids, signal.SIGKILL)
                     pids = []
@@ -654,13 +665,18 @@ class _loopback_env:
 
 
 def _at_exit() -> None:
+    """Interpreter exit: files first (the fastest, and what a kill would leave), then workers.
+
+    Quick on purpose: Jupyter gives a kernel a few seconds to exit before it kills it.
+    """
+    if _runtime_dir is not None:
+        shutil.rmtree(_runtime_dir, ignore_errors=True)
     try:
-        stop()
-    finally:
         if _template is not None:
-            _template.close(timeout=2.0)
-        if _runtime_dir is not None:
-            shutil.rmtree(_runtime_dir, ignore_errors=True)
+            _template.close(timeout=2.0)  # the template SIGKILLs every worker it forked
+    finally:
+        if _current is not None:
+            _current.stop(timeout=1.0)
 
 
 atexit.register(_at_exit)

@@ -72,7 +72,7 @@ class Template:
         theirs.close()
         self.conn = Connection(ours.detach())
         self._ready.clear()
-        self._reader = threading.Thread(target=self._read_loop, args=(self.conn,),
+        self._reader = threading.Thread(target=self._read_loop, args=(self.conn, self.proc),
                                         name="nbdist-template-reader", daemon=True)
         self._reader.start()
 
@@ -87,12 +87,16 @@ class Template:
                 raise DistTimeoutError("timed out waiting for the worker template process to "
                                        "import torch")
 
-    def _read_loop(self, conn: Connection) -> None:
+    def _read_loop(self, conn: Connection, proc: subprocess.Popen) -> None:
         while True:
             try:
                 msg = conn.recv()
             except (EOFError, OSError):
                 self._ready.clear()
+                try:  # reap it now: a zombie child makes ipykernel's shutdown wait for it
+                    proc.wait(5.0)
+                except subprocess.TimeoutExpired:
+                    pass
                 return
             kind = msg[0]
             if kind == "ready":

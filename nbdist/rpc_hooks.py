@@ -49,9 +49,26 @@ NOISE = (
 
 
 def quiet_warnings() -> None:
-    """Ignore torch's known per-rank deprecation warnings (user warnings still show)."""
+    """Ignore torch's known per-rank deprecation warnings (user warnings still show).
+
+    The functional optimizers behind ``DistributedOptimizer`` warn inside their own
+    ``catch_warnings(); simplefilter("always")``, which no filter can reach, so that one
+    warning function is replaced by a no-op in the modules that imported it.
+    """
     for pattern in NOISE:
         warnings.filterwarnings("ignore", message=pattern)
+    import sys
+
+    import torch.distributed.optim  # noqa: F401  (loads the functional optimizers)
+
+    name = "_scripted_functional_optimizer_deprecation_warning"
+    for modname, mod in list(sys.modules.items()):
+        if modname.startswith("torch.distributed.optim") and hasattr(mod, name):
+            setattr(mod, name, _no_warning)
+
+
+def _no_warning(stacklevel: int = 0) -> None:
+    """Stands in for torch's TorchScript deprecation warning in the functional optimizers."""
 
 
 def set_death_check(check: Callable[[Any], None] | None,

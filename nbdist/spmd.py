@@ -24,7 +24,7 @@ def run_with_local(cluster: Any, shell: Any, cell: str, targets: list[int],
         outcome = shell.run_cell(cell, store_history=False)
     except KeyboardInterrupt:
         cluster.interrupt(targets)
-        cluster.collect(exec_id, targets, 1.5)
+        cluster.collect(exec_id, targets, 0.5)
         raise
     failed_here = outcome is not None and not outcome.success
     wait = AFTER_LOCAL_FAILURE if failed_here and timeout is None else timeout

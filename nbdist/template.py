@@ -33,8 +33,14 @@ def _preload() -> None:
     warnings.resetwarnings()
 
 
+def _terminate(signum: int, frame: object) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # ipykernel repeats it; clean up once
+    raise SystemExit(0)  # unwinds into main's cleanup: children killed, directory removed
+
+
 def main(fd: int, runtime_dir: str) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _terminate)  # ipykernel SIGTERMs its children at shutdown
     conn = Connection(fd)
     _preload()
     conn.send(("ready", os.getpid()))

@@ -1,0 +1,89 @@
+"""A real Jupyter kernel driven through jupyter_client, for tests that need one."""
+
+from __future__ import annotations
+
+import queue
+import time
+from dataclasses import dataclass, field
+
+from jupyter_client.manager import KernelManager
+
+
+@dataclass
+class Reply:
+    status: str
+    stdout: str = ""
+    stderr: str = ""
+    error: dict | None = None
+    outputs: list = field(default_factory=list)
+    seconds: float = 0.0
+
+
+class Kernel:
+    """Start a python3 kernel; ``execute`` returns what that one cell produced."""
+
+    def __init__(self, cwd: str | None = None) -> None:
+        self.km = KernelManager(kernel_name="python3")
+        self.km.start_kernel(cwd=cwd)
+        self.kc = self.km.client()
+        self.kc.start_channels()
+        self.kc.wait_for_ready(timeout=60)
+
+    @property
+    def pid(self) -> int:
+        return self.km.provisioner.process.pid
+
+    def send(self, code: str) -> str:
+        return self.kc.execute(code)
+
+    def collect(self, msg_id: str, timeout: float = 120) -> Reply:
+        """Gather the iopub messages whose parent is ``msg_id`` until the kernel is idle."""
+        t0 = time.monotonic()
+        deadline = t0 + timeout
+        rep = Reply(status="?")
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"kernel did not finish cell {msg_id} in {timeout}s")
+            try:
+                msg = self.kc.get_iopub_msg(timeout=left)
+            except queue.Empty:
+                continue
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            kind, content = msg["msg_type"], msg["content"]
+            if kind == "stream":
+                if content["name"] == "stdout":
+                    rep.stdout += content["text"]
+                else:
+                    rep.stderr += content["text"]
+            elif kind == "error":
+                rep.error = content
+            elif kind in ("execute_result", "display_data"):
+                rep.outputs.append(content)
+            elif kind == "status" and content["execution_state"] == "idle":
+                break
+        while True:
+            reply = self.kc.get_shell_msg(timeout=max(deadline - time.monotonic(), 1))
+            if reply["parent_header"].get("msg_id") == msg_id:
+                break
+        rep.status = reply["content"]["status"]
+        rep.seconds = time.monotonic() - t0
+        return rep
+
+    def execute(self, code: str, timeout: float = 120) -> Reply:
+        return self.collect(self.send(code), timeout)
+
+    def value(self, expr: str, timeout: float = 60):
+        rep = self.execute(f"print(repr({expr}))", timeout)
+        assert rep.status == "ok", rep
+        import ast
+
+        return ast.literal_eval(rep.stdout.strip().splitlines()[-1])
+
+    def close(self) -> None:
+        try:
+            self.kc.stop_channels()
+        finally:
+            if self.km.is_alive():
+                self.km.shutdown_kernel(now=True)
