@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -25,6 +26,7 @@ from torch import nn
 
 import nbdist
 import nbdist.parallel as todist
+from nbdist.parallel import sync as barrier_module
 from nbdist.parallel.partition import Partition, split_sizes
 from nbdist.parallel.reduce import PartitionResults
 
@@ -47,6 +49,15 @@ def grads_of(loss: torch.Tensor, model: nn.Module) -> tuple[torch.Tensor, ...]:
 
 def close(a, b, atol: float = 1e-6) -> bool:
     return all(torch.allclose(x, y, atol=atol) for x, y in zip(a, b, strict=True))
+
+
+def test_private_torch_names_we_rely_on():
+    """World info asks the running RPC agent through these; a torch upgrade must not hide it."""
+    from torch.distributed.rpc import api, constants
+
+    assert callable(api._is_current_rpc_agent_set) and callable(api._get_current_rpc_agent)
+    assert constants.UNSET_RPC_TIMEOUT == todist.UNSET_RPC_TIMEOUT
+    assert not api._is_current_rpc_agent_set() and todist.get_world_size() >= 1
 
 
 # ---------------------------------------------------------------- no world: partitioners
@@ -368,6 +379,8 @@ def test_failing_partition_names_rank_worker_and_error(world):
     assert "picky" in str(e) and "raise ShardError" in e.failures[0].traceback
     assert type(e.__cause__).__name__ == "ShardError"
     assert isinstance(e, nbdist.RemoteError)
+    again = pickle.loads(pickle.dumps(e))  # survives a trip back from a nested call
+    assert str(again) == str(e) and again.failures[0].traceback == e.failures[0].traceback
     with pytest.raises(todist.PartitionError, match=r"rank 2 \(worker2\)"):
         todist.remote_async_call(nb.picky, args=(x,)).wait()
     assert todist.remote_sync_call(nb.picky, args=(x,), partitioner="worker1") == [6.0]
@@ -408,6 +421,16 @@ def test_barrier_waits_for_all_and_raises_on_missing(world):
     with pytest.raises(nbdist.DistCellError, match="never arrived: worker1"):
         c.run("import nbdist.parallel as todist\n"
               "todist.barrier(['worker1', 2], timeout=1)", ranks=[2], show=False)
+    # the leader (this notebook) gives up: worker1, already waiting, fails at once with why
+    exec_id = c.send_cell("todist.barrier(timeout=60)", [1])
+    waiting = barrier_module._waiting
+    deadline = time.monotonic() + 60
+    while "worker1" not in waiting.get(tuple(c.names), {}) and time.monotonic() < deadline:
+        time.sleep(0.02)  # the leader must give up while worker1 waits, not before it came
+    with pytest.raises(todist.BarrierError, match="never arrived: worker2"):
+        todist.barrier(timeout=1.5)
+    with pytest.raises(nbdist.DistCellError, match="timed out after 1.5s; never arrived: worker2"):
+        c.report(c.collect(exec_id, [1], 30), [1], show=False)
     exec_id = c.send_cell("todist.barrier([0, 'worker1'])\n'again'", [1])  # still usable
     todist.barrier(["worker1", "worker0"], timeout=60)
     assert c.report(c.collect(exec_id, [1], 60), [1], show=False) == {1: "'again'"}

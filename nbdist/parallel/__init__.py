@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from . import autograd
 from .autoinit import auto_init_rpc
-from .barrier import barrier
 from .clone import module_clone
 from .errors import BarrierError, PartitionError, PartitionFailure
 from .parallelize import parallelize, parallelize_async, parallelize_sync
@@ -32,6 +31,7 @@ from .partition import (
 from .ranks import not_on_rank, on_rank, rank_all, rank_non_zero_only, rank_zero_only
 from .reduce import PartitionResults, mean_reducer, sum_reducer
 from .remote import UNSET_RPC_TIMEOUT, remote_async_call, remote_sync_call
+from .sync import barrier
 from .world import (
     WorldInfo,
     get_local_rank,

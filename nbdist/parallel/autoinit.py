@@ -17,9 +17,9 @@ import tempfile
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from .barrier import barrier
 from .partition import Partition
 from .remote import remote_async_call
+from .sync import barrier
 from .world import (
     default_worker_name_format,
     get_world_info,

@@ -37,12 +37,17 @@ class PartitionError(RemoteError):
     """
 
     def __init__(self, func_name: str, failures: list[PartitionFailure]) -> None:
+        self.func_name = func_name
         self.failures = list(failures)  # type: ignore[assignment]
         first = self.failures[0]
         self.rank, self.worker_name = first.rank, first.name
         self.etype, self.message = first.etype, first.message
         heads = "; ".join(f.headline() for f in self.failures)
         NbdistError.__init__(self, f"{func_name} failed on {heads}")
+
+    def __reduce__(self) -> tuple:
+        """Pickle with its failures (a nested remote call sends it back whole)."""
+        return (type(self), (self.func_name, self.failures))
 
 
 class BarrierError(NbdistError):
@@ -54,3 +59,6 @@ class BarrierError(NbdistError):
     def __init__(self, message: str, missing: list[str] | None = None) -> None:
         self.missing = list(missing or [])
         super().__init__(message)
+
+    def __reduce__(self) -> tuple:
+        return (type(self), (self.args[0], self.missing))

@@ -24,7 +24,10 @@ from .world import get_worker_id, get_world_info, worker_names
 __all__ = ["RemoteCall", "RemoteFailure", "UNSET_RPC_TIMEOUT", "remote_async_call",
            "remote_sync_call"]
 
-UNSET_RPC_TIMEOUT = -1.0  # torch.distributed.rpc's "use the agent's default timeout"
+try:  # torch.distributed.rpc's "use the agent's default timeout"
+    from torch.distributed.rpc.constants import UNSET_RPC_TIMEOUT
+except ImportError:  # pragma: no cover - torch without RPC
+    UNSET_RPC_TIMEOUT = -1.0
 
 
 @dataclass

@@ -37,5 +37,10 @@ def tree_map(fn: Callable[[Any], Any], tree: Any) -> Any:
         return [tree_map(fn, item) for item in tree]
     if isinstance(tree, dict):
         out = {k: tree_map(fn, v) for k, v in tree.items()}
-        return out if type(tree) is dict else type(tree)(out)
+        if type(tree) is dict:
+            return out
+        try:
+            return type(tree)(out)
+        except TypeError:  # e.g. defaultdict: its first argument is the factory
+            return out
     return fn(tree)

@@ -31,6 +31,10 @@ except (ImportError, AttributeError):  # pragma: no cover - torch without RPC
     def _async_execution(fn: Any) -> Any:
         return fn
 
+# What a waiting rank's future resolves to. Never an exception: torch hands an exception set on
+# an ``async_execution`` future back to the caller as a plain return value.
+_OK = ("ok", "", ())
+
 _lock = threading.Lock()
 _owner: Any = None  # the nbdist Cluster (or None) the state below belongs to
 _waiting: dict[tuple[str, ...], dict[str, Any]] = {}  # group -> name -> its future
@@ -55,13 +59,13 @@ def _arrive_now(group: tuple[str, ...], name: str) -> Any:
     with _lock:
         arrived = _state().setdefault(group, {})
         if name in arrived:
-            fut.set_exception(BarrierError(f"{name} reached the barrier twice"))
+            fut.set_result(("failed", f"{name} reached the barrier twice", ()))
             return fut
         arrived[name] = fut
         if set(arrived) == set(group):
             release = list(_state().pop(group).values())
     for f in release:
-        f.set_result(None)
+        f.set_result(_OK)
     return fut
 
 
@@ -71,12 +75,15 @@ def _arrive(group: tuple[str, ...], name: str) -> Any:
     return _arrive_now(group, name)
 
 
-def _withdraw(group: tuple[str, ...], name: str) -> list[str]:
-    """Take back ``name``'s arrival after it gave up; returns who had not arrived."""
+def _withdraw(group: tuple[str, ...], name: str) -> list[str] | None:
+    """Take back ``name``'s arrival after it gave up; returns who had not arrived (None when
+    ``name`` was no longer waiting: the generation completed or was abandoned)."""
     with _lock:
-        arrived = _state().get(group, {})
+        arrived = _state().get(group)
+        if arrived is None or name not in arrived:
+            return None
         missing = sorted(set(group) - set(arrived))
-        arrived.pop(name, None)
+        del arrived[name]
         if not arrived:
             _state().pop(group, None)
     return missing
@@ -87,9 +94,10 @@ def _abandon(group: tuple[str, ...], reason: str) -> list[str]:
     with _lock:
         arrived = _state().pop(group, {})
     missing = sorted(set(group) - set(arrived))
-    for name, fut in arrived.items():
+    for fut in arrived.values():
         if not fut.done():
-            fut.set_exception(BarrierError(f"{reason} (seen from {name})", missing))
+            fut.set_result(("failed", f"{reason}; never arrived: {', '.join(missing)}",
+                            tuple(missing)))
     return missing
 
 
@@ -158,16 +166,18 @@ def _lead(group: tuple[str, ...], me: str, timeout: float) -> None:
         while not done.wait(0.05):
             dead = _dead(group)
             if dead is not None:
-                missing = _abandon(group, f"{what} failed: {dead}")
+                missing = _abandon(group, dead)
                 raise BarrierError(f"{what} failed: {dead}", missing)
             if time.monotonic() > deadline:
-                reason = f"{what} timed out after {timeout:g}s"
-                missing = _abandon(group, reason)
-                raise BarrierError(f"{reason}; never arrived: {', '.join(missing)}", missing)
+                missing = _abandon(group, f"its leader {me} timed out after {timeout:g}s")
+                raise BarrierError(f"{what} timed out after {timeout:g}s; never arrived: "
+                                   f"{', '.join(missing)}", missing)
     except KeyboardInterrupt:
-        _abandon(group, f"{what} was interrupted on its leader {me}")
+        _abandon(group, f"its leader {me} was interrupted")
         raise
-    fut.wait()
+    status, reason, missing = fut.wait()
+    if status != "ok":
+        raise BarrierError(f"{what} failed: {reason}", list(missing))
 
 
 def _follow(group: tuple[str, ...], me: str, leader: str, timeout: float) -> None:
@@ -177,18 +187,25 @@ def _follow(group: tuple[str, ...], me: str, leader: str, timeout: float) -> Non
     what = f"barrier over {', '.join(group)}"
     fut = _rpc.rpc_async(leader, _arrive, args=(group, me), timeout=timeout)
     try:
-        wait_future(fut, leader)
-        return
+        status, reason, missing = wait_future(fut, leader)
+        if status == "ok":
+            return
+        raise BarrierError(f"{what} failed on {me}: {reason}", list(missing))
+    except BarrierError:
+        raise
     except WorkerDiedError as exc:
         raise BarrierError(f"{what} failed: {exc}", [leader]) from exc
     except Exception as exc:
-        first = str(exc).strip().splitlines()
-        reason = first[-1] if first else type(exc).__name__
+        lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
+        reason = lines[-1].strip() if lines else type(exc).__name__
         cause = exc
     try:
-        missing = _rpc.rpc_sync(leader, _withdraw, args=(group, me), timeout=5)
-    except Exception:
-        missing = []
+        missing = _rpc.rpc_sync(leader, _withdraw, args=(group, me), timeout=10)
+    except Exception:  # the leader is gone or hung: say what we know
+        missing = None
+    if missing is None:  # the generation ended meanwhile: the reply was lost or late
+        raise BarrierError(f"{what} failed on {me} while waiting for its leader {leader}: "
+                           f"{reason}", []) from cause
     tail = f"; never arrived: {', '.join(missing)}" if missing else ""
-    raise BarrierError(f"{what} failed on {me} after waiting for leader {leader}: "
+    raise BarrierError(f"{what} failed on {me} while waiting for its leader {leader}: "
                        f"{reason}{tail}", missing) from cause
