@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import wait as wait_any
 from typing import Any
 
-from . import metrics, rpc_hooks, rref_reset, shipping
+from . import metrics, quiet, rpc_hooks, rref_reset, shipping
 from .channel import Channel, Listener
 from .errors import (
     ClusterStateError,
@@ -33,7 +33,6 @@ from .errors import (
 )
 from .launch import Template, describe_exit
 from .output import Router
-from .quiet import drop_fd2_lines
 from .spec import WorldSpec, parse_ranks
 from .status import StatusTable, collect_status
 
@@ -249,6 +248,7 @@ class Cluster:
 
         spec = self.spec
         rpc_hooks.reset_world_state()
+        quiet.install()
         if not rref_reset.reset_singleton() and self.epoch > 1:
             Router._write("stderr", "nbdist: this torch build hides its RRef context, so RRefs "
                                     "in this notebook may fail after a restart; restart the "
@@ -628,8 +628,7 @@ class Cluster:
             self._pg_up = False
         if self._rpc_up:
             try:
-                with drop_fd2_lines():
-                    rpc.shutdown(graceful=False)
+                rpc.shutdown(graceful=False)
             except Exception:
                 pass
             self._rpc_up = False

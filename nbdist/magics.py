@@ -6,11 +6,12 @@ mistake becomes a ``UsageError`` that says what to do; nothing is started when o
 
 from __future__ import annotations
 
+import re
 import shlex
 from typing import Any
 
 from IPython.core.error import UsageError
-from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class, no_var_expand
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from . import cluster as _cluster
@@ -48,8 +49,29 @@ def _count(raw: str | None, magic: str) -> int | None:
                          f"for example `{magic} 4`") from None
 
 
-def _parse(magic_fn: Any, line: str, magic: str) -> Any:
+_DOLLAR = re.compile(r"\$(\w+)")
+
+
+def _expand(line: str, ns: dict) -> str:
+    """``$name`` from the user's namespace, leaving ``{rank}`` alone.
+
+    The magics take raw lines (``@no_var_expand``) because IPython's own expansion gives up on
+    the whole line when it meets ``{rank}``, so ``%dist_start $N --worker-name obs{rank}``
+    would arrive as the literal ``$N``.
+    """
+    def sub(m: re.Match) -> str:
+        name = m.group(1)
+        if name not in ns:
+            raise UsageError(f"${name} is not defined in the notebook")
+        return shlex.quote(str(ns[name]))
+
+    return _DOLLAR.sub(sub, line)
+
+
+def _parse(magic_fn: Any, line: str, magic: str, ns: dict | None = None) -> Any:
     """Shell-style quoting (``--worker-name "obs{rank}"``), argparse errors as UsageError."""
+    if ns is not None:
+        line = _expand(line, ns)
     try:
         argv = shlex.split(line)
     except ValueError as exc:
@@ -81,13 +103,14 @@ class DistMagics(Magics):
     @magic_arguments()
     @argument("n", nargs="?", default=None, help="number of worker ranks (1..N)")
     @_start_args
+    @no_var_expand
     @line_magic
     def dist_start(self, line: str) -> None:
         """Start N worker ranks; this notebook becomes rank 0 of their RPC world.
 
         Example: ``%dist_start 2 --name agent --worker-name obs{rank}``
         """
-        args = _parse(self.dist_start, line, "%dist_start")
+        args = _parse(self.dist_start, line, "%dist_start", self.shell.user_ns)
         n = _count(args.n, "%dist_start")
         if n is None:
             raise UsageError("%dist_start needs the number of workers, e.g. `%dist_start 4`")
@@ -102,10 +125,11 @@ class DistMagics(Magics):
     @magic_arguments()
     @argument("n", nargs="?", default=None, help="number of worker ranks (default: as before)")
     @_start_args
+    @no_var_expand
     @line_magic
     def dist_restart(self, line: str) -> None:
         """Stop the world and start a new one; flags not given keep their previous values."""
-        args = _parse(self.dist_restart, line, "%dist_restart")
+        args = _parse(self.dist_restart, line, "%dist_restart", self.shell.user_ns)
         n = _count(args.n, "%dist_restart")
         c = _cluster.current()
         try:
@@ -154,10 +178,11 @@ class DistMagics(Magics):
     @argument("--local", action="store_true", help="also run the cell here, as rank 0, at the "
               "same time (for SPMD code such as DDP and collectives)")
     @argument("--timeout", type=float, default=None, help="interrupt the cell after S seconds")
+    @no_var_expand
     @cell_magic
     def dist(self, line: str, cell: str) -> None:
         """Run the cell on worker ranks; their output and last expressions show here."""
-        args = _parse(self.dist, line, "%%dist")
+        args = _parse(self.dist, line, "%%dist", self.shell.user_ns)
         if args.timeout is not None and args.timeout <= 0:
             raise UsageError("%%dist: --timeout must be a positive number of seconds")
         c = _require()

@@ -1,57 +1,90 @@
-"""Keep torch's C++ log noise out of the notebook while nbdist itself causes it.
+"""Keep torch's C++ log noise that nbdist itself causes out of the notebook.
 
-When rank 0 shuts its RPC agent down, TensorPipe logs one ``pipe closed`` warning per peer
-straight to file descriptor 2, which Jupyter shows in the cell. ``drop_fd2_lines`` filters
-those lines (and only those) for the duration of a block.
+torch logs straight to file descriptor 2, which Jupyter shows in the running cell:
+- a ``pipe closed``/``eof`` warning per peer whenever a world ends or a worker dies (nbdist
+  says itself, in words, when a worker dies);
+- an error with a C++ stack trace when an RRef of an earlier, larger world is garbage-collected
+  (its owner no longer exists; there is nothing to tell it).
+
+``install()`` puts a filter thread between fd 2 and whatever fd 2 was (ipykernel's capture
+pipe, or the terminal) that drops exactly those messages and passes everything else through.
 """
 
 from __future__ import annotations
 
 import os
 import re
-import sys
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 
-__all__ = ["SHUTDOWN_NOISE", "drop_fd2_lines"]
+__all__ = ["NOISE_LINE", "NOISE_BLOCK", "filter_lines", "install", "installed"]
 
-SHUTDOWN_NOISE = re.compile(rb"tensorpipe_agent\.cpp.*encountered error|pipe closed|"
-                            rb"ProcessGroupGloo|Connection reset by peer|EOF")
+NOISE_LINE = re.compile(rb"tensorpipe_agent\.cpp.*encountered error .*(pipe closed|eof|"
+                        rb"Connection reset by peer|connection closed)")
+NOISE_BLOCK = re.compile(rb"Error occurred when deletingUserRRef|Detected RRef Leaks during "
+                         rb"shutdown")
+# a noise block goes on while lines look like the rest of a C++ trace
+_BLOCK_TAIL = re.compile(rb"^(frame #\d+:|<omitting python frames>|Exception raised from|"
+                         rb"Leaking RRef|\s*$)")
+
+_installed = False
 
 
-@contextmanager
-def drop_fd2_lines(pattern: re.Pattern = SHUTDOWN_NOISE) -> Iterator[None]:
-    """Within the block, lines written to fd 2 that match ``pattern`` are dropped."""
-    try:
-        sys.stderr.flush()
-    except (OSError, ValueError):
-        pass
+def filter_lines(lines: list[bytes], in_block: bool) -> tuple[list[bytes], bool]:
+    """Drop noise from complete lines; ``in_block`` carries a C++ trace across calls."""
+    keep = []
+    for ln in lines:
+        if in_block and _BLOCK_TAIL.match(ln):
+            continue
+        in_block = False
+        if NOISE_BLOCK.search(ln):
+            in_block = True
+            continue
+        if NOISE_LINE.search(ln):
+            continue
+        keep.append(ln)
+    return keep, in_block
+
+
+def install() -> None:
+    """Filter this process's fd 2 from now on (idempotent; POSIX only)."""
+    global _installed
+    if _installed or os.name != "posix":
+        return
     saved = os.dup(2)
     r, w = os.pipe()
     os.dup2(w, 2)
     os.close(w)
+    threading.Thread(target=_pump, args=(r, saved), daemon=True,
+                     name="nbdist-stderr-filter").start()
+    _installed = True
 
-    def pump() -> None:
-        pending = b""
-        while True:
+
+def installed() -> bool:
+    return _installed
+
+
+def _pump(r: int, out: int) -> None:
+    pending = b""
+    in_block = False
+    while True:
+        try:
             data = os.read(r, 65536)
-            if not data:
-                break
-            pending += data
-            *lines, pending = pending.split(b"\n")
-            keep = [ln + b"\n" for ln in lines if not pattern.search(ln)]
-            if keep:
-                os.write(saved, b"".join(keep))
-        if pending and not pattern.search(pending):
-            os.write(saved, pending)
-
-    t = threading.Thread(target=pump, daemon=True, name="nbdist-fd2-filter")
-    t.start()
-    try:
-        yield
-    finally:
-        os.dup2(saved, 2)  # closes the pipe's only write end, so the pump sees EOF
-        t.join(2.0)
-        os.close(r)
-        os.close(saved)
+        except OSError:
+            return
+        if not data:
+            return
+        pending += data
+        *lines, pending = pending.split(b"\n")
+        keep, in_block = filter_lines(lines, in_block)
+        if pending and not in_block and not NOISE_BLOCK.search(pending) \
+                and not pending.startswith(b"[") and not pending.startswith(b"frame #"):
+            keep.append(pending)  # a partial line that cannot be noise: pass it on now
+            pending = b""
+            text = b"\n".join(keep)
+        else:
+            text = b"".join(ln + b"\n" for ln in keep)
+        if text:
+            try:
+                os.write(out, text)
+            except OSError:
+                pass

@@ -113,6 +113,11 @@ def _setup_output(cfg: dict) -> None:
 
 
 def _flush_streams() -> None:
+    """After each RPC function: printed output and logged metrics go before the reply."""
+    from . import metrics
+
+    if _channel is not None:
+        metrics.flush_worker(_channel, _rank)
     for s in _streams:
         s.flush()
 

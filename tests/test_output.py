@@ -85,3 +85,12 @@ def test_ranks_by_name_and_range(ipython, capsys):
     ipython.run_cell_magic("dist", "--ranks 1-2", "'x'")
     out, _ = capsys.readouterr()
     assert "[w1] 'x'" in out and "[w2] 'x'" in out and "[w3]" not in out
+
+
+def test_dollar_variables_expand_next_to_rank_patterns(ipython, capsys):
+    ipython.run_cell("N_WORKERS = 2\nWHO = 'obs2'")
+    ipython.run_line_magic("dist_start", "$N_WORKERS --worker-name obs{rank}")
+    capsys.readouterr()
+    ipython.run_cell_magic("dist", "--ranks $WHO", "'picked'")
+    out, _ = capsys.readouterr()
+    assert out.strip() == "[obs2] 'picked'"

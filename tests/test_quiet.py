@@ -1,0 +1,32 @@
+"""The stderr filter drops exactly torch's nbdist-caused noise and passes the rest."""
+
+from __future__ import annotations
+
+from nbdist.quiet import filter_lines
+
+TRACE = [
+    b"[E1121 09:15:33.120 rref_impl.cpp:108] Error occurred when deletingUserRRef(rref_id=G"
+    b"loballyUniqueId(created_on=0, local_id=4)) : could not find destination id 3",
+    b"frame #0: c10::Error::Error(c10::SourceLocation) + 0x9d (0x7f in libc10.so)",
+    b"frame #1: torch::distributed::rpc::UserRRef::tryDel() + 0x79",
+    b"<omitting python frames>",
+    b"",
+]
+
+
+def test_drops_rref_trace_and_peer_closed_lines_only():
+    lines = [b"user line before", *TRACE, b"user line after",
+             b"[W1121 tensorpipe_agent.cpp:723] RPC agent for agent encountered error when "
+             b"reading incoming request from obs1: eof (this error originated at x)",
+             b"[W1121 something_else.cpp:1] a real torch warning"]
+    keep, in_block = filter_lines(lines, False)
+    assert keep == [b"user line before", b"user line after",
+                    b"[W1121 something_else.cpp:1] a real torch warning"]
+    assert not in_block
+
+
+def test_trace_split_across_reads():
+    keep1, in_block = filter_lines(TRACE[:2], False)
+    assert keep1 == [] and in_block
+    keep2, in_block = filter_lines([*TRACE[2:], b"next"], in_block)
+    assert keep2 == [b"next"] and not in_block

@@ -1,0 +1,66 @@
+"""Behaviour 5: restart as often as you like, changing size and names: no hang, no leak."""
+
+from __future__ import annotations
+
+import gc
+import threading
+
+import psutil
+import pytest
+
+import nbdist
+
+SHAPES = [  # restarts keep unnamed settings, so each shape names what it needs
+    "1 --name worker0 --worker-name worker{rank}",
+    "3 --name agent --worker-name obs{rank}",
+    "2 --name trainer --worker-name ps{rank}",
+    "1 --name trainer --worker-name ps",
+    "4 --name worker0 --worker-name worker{rank}",
+    "2 --name agent --worker-name obs{rank}",
+]
+
+CHECK = '''
+import torch, torch.distributed.rpc as rpc
+names = [w.name for w in rpc._get_current_rpc_agent().get_worker_infos()]
+last = sorted(names)[-1]
+rref = rpc.remote(last, Holder, args=(len(names),))
+__check = (rpc.rpc_sync(last, lambda x: x + 1, args=(1,)), rref.rpc_sync().get(),
+           rref.to_here().v, len(names))
+'''
+
+
+@pytest.mark.timeout(900)  # ~30 s on a quiet 2-core machine; generous for a loaded one
+def test_fifty_restarts_in_a_row(ipython, capfd):
+    ipython.run_cell("class Holder:\n    def __init__(self, v):\n        self.v = v\n"
+                     "    def get(self):\n        return self.v\n")
+    proc = psutil.Process()
+    baseline: dict = {}
+    for i in range(50):
+        shape = SHAPES[i % len(SHAPES)]
+        if i == 0:
+            ipython.run_line_magic("dist_start", shape)
+        elif i % 3 == 0:
+            ipython.run_line_magic("dist_stop", "")
+            ipython.run_line_magic("dist_start", shape)
+        else:
+            ipython.run_line_magic("dist_restart", shape)
+        c = nbdist.current()
+        assert c is not None and c.world_size == int(shape.split()[0]) + 1
+        res = ipython.run_cell(CHECK)  # RRefs of the previous world are dropped here too
+        assert res.success, res.error_in_exec
+        two, got, v, n = ipython.user_ns["__check"]
+        assert (two, got, v, n) == (2, c.world_size, c.world_size, c.world_size)
+        out = c.run("import os\nint(os.environ['NBDIST_RANK'])", show=False)
+        assert out == {r: str(r) for r in range(1, c.world_size)}
+        if i == 5:
+            gc.collect()
+            baseline = {"threads": threading.active_count(), "fds": proc.num_fds(),
+                        "rss": proc.memory_info().rss}
+    gc.collect()
+    ipython.run_cell("del rref")
+    err = capfd.readouterr().err
+    assert "deletingUserRRef" not in err and "frame #" not in err  # stale RRefs go quietly
+    # the notebook process does not accumulate threads, descriptors or much memory
+    assert threading.active_count() <= baseline["threads"] + 2
+    assert proc.num_fds() <= baseline["fds"] + 8
+    assert proc.memory_info().rss < baseline["rss"] + 300 * 2**20
