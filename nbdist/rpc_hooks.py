@@ -132,22 +132,24 @@ def install_callee(after_call: Callable[[], None] | None = None) -> None:
         _after_call = after_call
     if _callee_installed:
         return
+    from torch._C._distributed_rpc import _get_current_rpc_agent
     from torch.distributed.rpc import internal
 
-    original = internal._run_function
-
     def _run_function(python_udf):
+        # torch's own version also prints every exception to the callee's stderr; the
+        # caller gets it raised anyway, so in a notebook it would show twice.
         tid = threading.get_ident()
         with _active_lock:
             _active[tid] = _active.get(tid, 0) + 1
         try:
-            return original(python_udf)
-        except KeyboardInterrupt:
-            from torch._C._distributed_rpc import _get_current_rpc_agent
-
+            if isinstance(python_udf, AttributeError):
+                raise python_udf
+            return python_udf.func(*python_udf.args, **python_udf.kwargs)
+        except (Exception, KeyboardInterrupt) as exc:
+            tb = exc.__traceback__.tb_next if exc.__traceback__ else None  # not this frame
+            text = "".join(traceback.format_exception(type(exc), exc, tb))
             where = _get_current_rpc_agent().get_worker_info()
-            msg = f"On {where}:\nKeyboardInterrupt: interrupted\n{traceback.format_exc()}"
-            return internal.RemoteException(msg, KeyboardInterrupt)
+            return internal.RemoteException(f"On {where}:\n{exc!r}\n{text}", type(exc))
         finally:
             if _after_call is not None:
                 _after_call()

@@ -120,7 +120,7 @@ def test_async_execution_static_method(shell):
     assert ev(shell, "f1.wait(), f2.wait()") == (200, 200)
 
 
-def test_remote_traceback_shows_cell_source_and_rank(shell):
+def test_remote_traceback_shows_cell_source_and_rank(shell, capsys):
     shell.run_cell("def explode(x):\n    inner = x + 1\n    raise ValueError(f'bad value {inner}')")
     with pytest.raises(ValueError) as info:
         ev(shell, "rpc.rpc_sync('obs2', explode, args=(1,))")
@@ -128,6 +128,11 @@ def test_remote_traceback_shows_cell_source_and_rank(shell):
     assert "bad value 2" in text
     assert "obs2" in text
     assert "raise ValueError(f'bad value {inner}')" in text  # the cell's line, from the worker
+    assert "_run_function" not in text  # nbdist's and torch's frames are not the user's
+    import time
+
+    time.sleep(0.3)
+    assert "[obs2]" not in capsys.readouterr().err  # raised once, not also printed remotely
 
 
 def test_unpicklable_argument_is_named(shell):
