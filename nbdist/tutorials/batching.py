@@ -24,7 +24,7 @@ from __future__ import annotations
 import csv
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -33,6 +33,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import optim
 from torch.distributions import Categorical
+
+from ..metrics import log
 
 __all__ = [
     "MODES",
@@ -43,7 +45,6 @@ __all__ = [
     "plot_results",
     "record",
     "run_config",
-    "speedup",
     "table",
     "write_csv",
 ]
@@ -52,6 +53,7 @@ __all__ = [
 #: ``{"observers": int, "mode": "batched" | "unbatched", "seconds": float, ...}``.
 RESULTS: list[dict] = []
 
+#: The two agents compared, in the order tables and charts show them.
 MODES = ("batched", "unbatched")
 
 
@@ -203,21 +205,21 @@ class Agent:
 
 
 def run_config(observers: Sequence[str], batch: bool, episodes: int, steps: int,
-               seed: int = 543, gamma: float = 1.0,
-               on_episode: Callable[[int, float, float], None] | None = None) -> float:
-    """Time ``episodes`` episodes of ``steps`` steps with one observer per name given.
+               seed: int = 543, gamma: float = 1.0, warmup_steps: int = 10) -> float:
+    """Seconds for ``episodes`` episodes of ``steps`` steps, one observer per name given.
 
-    Runs on rank 0, which owns the agent. The clock starts once every observer is built, so
-    world start-up and ``import gymnasium`` on the workers are not counted.
+    Runs on rank 0, which owns the agent. The clock starts once every observer is built and
+    one untimed episode of ``warmup_steps`` steps has run, so world start-up, ``import
+    gymnasium`` and first-call costs on the workers are not counted.
     """
     agent = Agent(observers, batch=batch, seed=seed, gamma=gamma)
     try:
         agent.wait_ready()
+        if warmup_steps:
+            agent.run_episode(warmup_steps)
         t0 = time.perf_counter()
-        for ep in range(episodes):
-            last, running = agent.run_episode(steps)
-            if on_episode is not None:
-                on_episode(ep, last, running)
+        for _ in range(episodes):
+            agent.run_episode(steps)
         return time.perf_counter() - t0
     finally:
         agent.close()
@@ -229,20 +231,12 @@ def record(observers: int, mode: str, seconds: float, **extra: Any) -> dict:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     row = {"observers": int(observers), "mode": mode, "seconds": float(seconds), **extra}
     RESULTS.append(row)
-    from nbdist import log
-
     log(batching_observers=row["observers"], batching_mode=mode, batching_seconds=row["seconds"])
     return row
 
 
 def _latest(rows: Sequence[dict]) -> dict[tuple[int, str], float]:
     return {(r["observers"], r["mode"]): r["seconds"] for r in rows}
-
-
-def speedup(rows: Sequence[dict], observers: int) -> float:
-    """Unbatched time over batched time at ``observers`` (above 1: batching is faster)."""
-    t = _latest(rows)
-    return t[(observers, "unbatched")] / t[(observers, "batched")]
 
 
 def table(rows: Sequence[dict]) -> list[dict]:

@@ -1,0 +1,126 @@
+"""Notebooks 03 (batch-updating parameter server) and 04 (batched vs unbatched CartPole).
+
+Both run headless in a real kernel through nbclient with ``NBDIST_QUICK=1``; a failing
+assertion cell fails the test with the cell's traceback, and the tests read the printed and
+displayed results back. The executed copies are kept in tests/artifacts/. The committed
+notebooks must carry no outputs and follow the tutorial rules.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+import nbformat
+import pytest
+from conftest import ARTIFACTS, NOTEBOOKS, cell_text, run_notebook
+
+from nbdist.tutorials import batching
+
+QUICK = {"NBDIST_QUICK": "1"}
+PS_NOTEBOOK = "03_batch_parameter_server.ipynb"
+BATCH_NOTEBOOK = "04_batched_vs_unbatched.ipynb"
+
+
+def _run(name: str):
+    t0 = time.monotonic()
+    nb = run_notebook(NOTEBOOKS / name, env=QUICK, timeout=300, save_to=ARTIFACTS / name)
+    return nb, cell_text(nb), time.monotonic() - t0
+
+
+def _no_errors(nb) -> None:
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            assert out.get("output_type") != "error", out
+
+
+def _with_data(cell, mime: str) -> list:
+    return [o for o in cell.get("outputs", []) if mime in o.get("data", {})]
+
+
+@pytest.mark.parametrize("name", [PS_NOTEBOOK, BATCH_NOTEBOOK])
+def test_notebook_is_clean_and_follows_the_rules(name):
+    nb = nbformat.read(str(NOTEBOOKS / name), as_version=4)
+    nbformat.validate(nb)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert nb.cells[0].cell_type == "markdown" and nb.cells[0].source.startswith("# 0")
+    assert 'QUICK = os.environ.get("NBDIST_QUICK") == "1"' in code[0].source
+    assert code[-1].source.strip() == "%dist_stop"
+    assert "assert" in code[-2].source and "all checks passed" in code[-2].source
+    for cell in code:
+        assert not cell.get("outputs") and cell.get("execution_count") is None, cell.source
+        assert "%%writefile" not in cell.source and "!python" not in cell.source
+
+
+@pytest.mark.timeout(600)
+def test_batch_parameter_server_notebook_quick():
+    nb, text, seconds = _run(PS_NOTEBOOK)
+    _no_errors(nb)
+    # the zero_grad pitfall is shown, not just described
+    assert "after zero_grad(): None" in text
+    assert "p.grad += g fails" in text
+    # both trainers ran on workers and their prints came back prefixed
+    for name in ("trainer1", "trainer2"):
+        assert re.search(rf"^\[{name}\] step \d+/\d+: loss \d+\.\d+", text, re.M), text
+    m = re.search(r"all checks passed: (\d+) PS steps = (\d+) updates / (\d+); (\d+) trainers "
+                  r"hold the PS's parameters", text)
+    assert m, text
+    steps, updates, size, trainers = map(int, m.groups())
+    assert steps * size == updates and updates % trainers == 0 and steps > 0
+    before, after = map(float, re.search(r"held-out accuracy: ([\d.]+)% before, ([\d.]+)% "
+                                         r"after", text).groups())
+    assert after > before
+    assert any(_with_data(c, "image/png") for c in nb.cells)  # the loss plot
+    assert "RRef Leak" not in text and "Leaking RRef" not in text
+    assert "nbdist: stopped" in text
+    assert "Traceback" not in text
+    print(f"{PS_NOTEBOOK} quick: {seconds:.1f}s")
+
+
+@pytest.mark.timeout(600)
+def test_batched_vs_unbatched_notebook_quick():
+    nb, text, seconds = _run(BATCH_NOTEBOOK)
+    _no_errors(nb)
+    # the gymnasium API: reset gives (state, info), step a 5-tuple
+    assert re.search(r"^step  -> \(array\(\[.*\]", text, re.M | re.S), text
+    # the live table and chart: one output each, updated in place
+    loop = next(c for c in nb.cells if c.cell_type == "code" and "chart_handle" in c.source)
+    tables = _with_data(loop, "text/html")
+    charts = _with_data(loop, "image/png")
+    assert len(tables) == 1 and len(charts) == 1, loop.outputs
+    table = tables[0]["data"]["text/html"]
+    assert "speed-up" in table and "batched s" in table and "unbatched s" in table
+    plain = tables[0]["data"]["text/plain"]
+    assert [int(x) for x in re.findall(r"^\d+\s+(\d+)\s", plain, re.M)] == [1, 2], plain
+    m = re.search(r"speed-up at 2 observers: (\d+\.\d+)x \(unbatched (\d+\.\d+)s / batched "
+                  r"(\d+\.\d+)s\)", text)
+    assert m, text
+    speedup, unbatched, batched = map(float, m.groups())
+    assert batched > 0 and unbatched > 0
+    assert speedup == pytest.approx(unbatched / batched, rel=0.05, abs=0.01)
+    assert "all checks passed" in text
+    assert "RRef Leak" not in text and "Leaking RRef" not in text
+    assert "nbdist: stopped" in text
+    assert "Traceback" not in text
+    print(f"{BATCH_NOTEBOOK} quick: {seconds:.1f}s")
+
+
+def test_batching_table_and_chart_helpers():
+    rows = [{"observers": 1, "mode": "batched", "seconds": 2.0},
+            {"observers": 1, "mode": "unbatched", "seconds": 3.0},
+            {"observers": 2, "mode": "batched", "seconds": 4.0}]
+    assert batching.table(rows) == [
+        {"observers": 1, "batched s": 2.0, "unbatched s": 3.0, "speed-up": 1.5},
+        {"observers": 2, "batched s": 4.0, "unbatched s": None, "speed-up": None}]
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    batching.plot_results(ax, rows)
+    batching.plot_results(ax, rows)  # a redraw replaces the bars, it does not add to them
+    assert len(ax.patches) == 3
+    plt.close(fig)
+    with pytest.raises(ValueError, match="mode must be one of"):
+        batching.record(1, "both", 1.0)
