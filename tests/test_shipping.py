@@ -139,3 +139,24 @@ def test_unpicklable_argument_is_named(shell):
     with pytest.raises(TypeError) as info:
         ev(shell, "rpc.rpc_sync('obs1', triple, args=(1, threading.Lock()))")
     assert "argument 1 of the RPC to triple (lock)" in str(info.value)
+
+
+def test_submodule_scan_is_cached_but_still_correct():
+    import concurrent.futures  # noqa: F401
+    import pickle
+    import time
+
+    import cloudpickle
+
+    from nbdist import shipping
+
+    ns = {"__name__": "__main__"}  # as in a notebook cell
+    exec("import concurrent\ndef f():\n    return concurrent.futures.ThreadPoolExecutor\n", ns)
+    assert cloudpickle.cloudpickle._find_imported_submodules is shipping._cached_submodules
+    blob = shipping.dumps(ns["f"])
+    assert pickle.loads(blob)() is concurrent.futures.ThreadPoolExecutor
+    t0 = time.perf_counter()
+    for _ in range(200):
+        shipping.dumps(ns["f"])
+    per_call = (time.perf_counter() - t0) / 200
+    assert per_call < 0.002, f"{per_call * 1e3:.2f} ms per by-value function"
