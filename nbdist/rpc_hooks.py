@@ -16,6 +16,9 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import importlib.abc
+import importlib.machinery
+import sys
 import threading
 import traceback
 import warnings
@@ -53,22 +56,48 @@ def quiet_warnings() -> None:
 
     The functional optimizers behind ``DistributedOptimizer`` warn inside their own
     ``catch_warnings(); simplefilter("always")``, which no filter can reach, so that one
-    warning function is replaced by a no-op in the modules that imported it.
+    warning function is replaced by a no-op: at once if torch.distributed.optim is loaded,
+    otherwise when it is (importing it costs about a second, so nbdist does not).
     """
     for pattern in NOISE:
         warnings.filterwarnings("ignore", message=pattern)
-    import sys
+    if _DEPRECATION_MODULE in sys.modules:
+        _silence_optimizer_warning()
+    elif not any(isinstance(f, _PatchOnImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _PatchOnImport())
 
-    import torch.distributed.optim  # noqa: F401  (loads the functional optimizers)
 
-    name = "_scripted_functional_optimizer_deprecation_warning"
-    for modname, mod in list(sys.modules.items()):
-        if modname.startswith("torch.distributed.optim") and hasattr(mod, name):
-            setattr(mod, name, _no_warning)
+_DEPRECATION_MODULE = "torch.distributed.optim._deprecation_warning"
+_DEPRECATION_FUNC = "_scripted_functional_optimizer_deprecation_warning"
 
 
 def _no_warning(stacklevel: int = 0) -> None:
     """Stands in for torch's TorchScript deprecation warning in the functional optimizers."""
+
+
+def _silence_optimizer_warning() -> None:
+    for modname, mod in list(sys.modules.items()):
+        if modname.startswith("torch.distributed.optim") and hasattr(mod, _DEPRECATION_FUNC):
+            setattr(mod, _DEPRECATION_FUNC, _no_warning)
+
+
+class _PatchOnImport(importlib.abc.MetaPathFinder):
+    """Replaces the deprecation function as its module loads, before anyone imports it."""
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != _DEPRECATION_MODULE:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None:
+            return spec
+        run = spec.loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            run(module)
+            setattr(module, _DEPRECATION_FUNC, _no_warning)
+
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
 
 
 def set_death_check(check: Callable[[Any], None] | None,

@@ -26,12 +26,11 @@ def _preload() -> None:
     import cloudpickle  # noqa: F401
     import torch  # noqa: F401
     import torch.distributed.autograd  # noqa: F401
-    import torch.distributed.optim  # noqa: F401
     import torch.distributed.rpc  # noqa: F401
 
     from . import metrics, rpc_hooks, rref_reset, shipping, tracing, worker  # noqa: F401
 
-    rpc_hooks.quiet_warnings()  # imports and patches what every worker would, once
+    rpc_hooks.quiet_warnings()  # children inherit the import hook
     rref_reset.available()  # parses libtorch's symbol table once; children inherit the result
 
     warnings.resetwarnings()
