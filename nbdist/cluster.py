@@ -145,6 +145,7 @@ class Cluster:
         self.router = Router()
         self._cv = threading.Condition()
         self._results: dict[int, dict[int, tuple]] = {}
+        self._flushed: dict[int, set[int]] = {}
         self._wake_r, self._wake_w = os.pipe()
         self._receiver: threading.Thread | None = None
         self._stopping = False
@@ -377,6 +378,10 @@ class Cluster:
             with self._cv:
                 self._results.setdefault(msg[2], {})[info.rank] = msg[3:]
                 self._cv.notify_all()
+        elif kind == "flushed":
+            with self._cv:
+                self._flushed.setdefault(msg[2], set()).add(info.rank)
+                self._cv.notify_all()
         elif kind == "ready":
             with self._cv:
                 info.ready = True
@@ -530,6 +535,39 @@ class Cluster:
                 except OSError:
                     pass
 
+    def flush(self, timeout: float = 2.0) -> bool:
+        """Wait until everything workers printed or logged so far has reached the notebook.
+
+        Output and metrics travel on the control channel while RPC results travel on
+        TensorPipe, so right after an RPC returns its last lines may still be in flight;
+        after ``flush()`` they have been shown and ``nbdist.history()`` has them.
+        Returns False if some live worker did not answer in time.
+        """
+        if not self.running:
+            return True
+        token = next(_exec_ids)
+        targets = [r for r, i in self.ranks.items() if r and i.alive and i.channel is not None]
+        for r in targets:
+            try:
+                self.ranks[r].channel.send(("flush", token))  # type: ignore[union-attr]
+            except OSError:
+                pass
+        deadline = time.monotonic() + timeout
+        with self._cv:
+            try:
+                while True:
+                    done = self._flushed.get(token, set())
+                    waiting = [r for r in targets if r not in done and self.ranks[r].alive]
+                    if not waiting:
+                        break
+                    if time.monotonic() > deadline:
+                        return False
+                    self._cv.wait(0.02)
+            finally:
+                self._flushed.pop(token, None)
+        self.router.flush()
+        return True
+
     # ------------------------------------------------------------------ status
     def status(self) -> StatusTable:
         """A table of every rank: pid, alive or how it died, CPU %, memory, uptime."""
@@ -552,6 +590,8 @@ class Cluster:
         global _current
         if self._torn_down:
             return
+        if self.running and threading.current_thread() is not self._receiver:
+            self.flush(timeout=min(timeout, 1.0))  # the last RPC's output is still shown
         self.running = False
         try:
             self._teardown(timeout)

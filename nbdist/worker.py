@@ -188,6 +188,9 @@ def _read_commands(cells: queue.Queue) -> None:
             cells.put(msg[1:])
         elif kind == "interrupt":
             signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+        elif kind == "flush":  # everything printed or logged so far goes out before the ack
+            _flush_all()
+            _channel.send(("flushed", _rank, msg[1]))
         elif kind == "stop":
             _flush_all()
             os._exit(0)

@@ -94,3 +94,31 @@ def test_dollar_variables_expand_next_to_rank_patterns(ipython, capsys):
     ipython.run_cell_magic("dist", "--ranks $WHO", "'picked'")
     out, _ = capsys.readouterr()
     assert out.strip() == "[obs2] 'picked'"
+
+
+def test_flush_delivers_everything_before_returning_and_stop_keeps_last_lines(world, capsys):
+    import torch.distributed.rpc as rpc
+
+    import nbdist
+
+    c = world(1)
+    c.run("import nbdist\ndef work(n):\n    for i in range(n):\n"
+          "        nbdist.log(step=i, loss=float(i))\n    print('worked', n)\n    return n",
+          show=False)
+    nbdist.clear_history()
+    for k in range(20):
+        assert rpc.rpc_sync("worker1", _call_work, args=(5,)) == 5
+        assert c.flush()
+        assert len(nbdist.history(rank=1, key="loss")) == 5 * (k + 1)
+    out, _ = capsys.readouterr()
+    assert out.count("[worker1] worked 5") == 20
+    rpc.rpc_sync("worker1", _call_work, args=(1,))
+    c.stop()
+    out, _ = capsys.readouterr()
+    assert "[worker1] worked 1" in out
+
+
+def _call_work(n):
+    import __main__
+
+    return __main__.work(n)
