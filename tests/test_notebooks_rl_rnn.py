@@ -61,3 +61,30 @@ def test_distributed_rnn_notebook_quick():
     assert "nbdist: stopped" in text
     assert "Traceback" not in text
     print(f"02_distributed_rnn quick: {seconds:.1f}s")
+
+
+def test_shipped_corpus_and_batches():
+    """The corpus notebook 02 trains on ships with the package and splits as documented."""
+    import torch
+
+    from nbdist.tutorials import text
+
+    assert text.CORPUS.is_file()
+    assert (text.CORPUS.parent / "README.md").is_file()  # provenance and license
+    raw = text.load_text()
+    assert 20_000 < len(raw) < 40_000 and raw.isascii()
+    assert raw.startswith("The Zen of Python, by Tim Peters")
+    corpus = text.load_corpus()
+    vocab = corpus.vocab
+    assert vocab.itos[0] == text.UNK and len(vocab) == 501
+    assert text.EOS in vocab.stoi and "the" in vocab.stoi
+    assert len(corpus.train) > 5_000 and len(corpus.valid) > 400
+    assert 0 < (corpus.train == 0).float().mean() < 0.15  # <unk> is seen in training
+    assert vocab.decode(vocab.encode(["the", "zebra-ish"])) == ["the", text.UNK]
+
+    data = text.batchify(torch.arange(103), 4)
+    assert data.shape == (25, 4) and data[:, 1].tolist() == list(range(25, 50))
+    x, y = text.get_batch(data, 20, 10)
+    assert x.shape == (4, 4) and torch.equal(y, data[21:25])
+    with pytest.raises(ValueError):
+        text.batchify(torch.arange(3), 4)

@@ -111,6 +111,8 @@ class Agent:
         return [f.wait() for f in futs]
 
     def finish_episode(self):
+        # as in the tutorial: discounted over all observers' rewards joined (notebook 01
+        # discounts within each observer's episode instead, which trains far better)
         probs, rewards = [], []
         for ob_id in self.rewards:
             probs.extend(self.saved_log_probs[ob_id])

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 __all__ = ["CORPUS", "Corpus", "Vocab", "batchify", "get_batch", "load_corpus", "load_text",
-           "tokenize"]
+           "paragraphs", "tokenize"]
 
 CORPUS = Path(__file__).resolve().parent.parent / "data" / "stdlib_prose.txt"
 EOS, UNK = "<eos>", "<unk>"
@@ -30,15 +30,19 @@ def load_text(path: str | Path = CORPUS) -> str:
     return Path(path).read_text(encoding="utf-8")
 
 
-def tokenize(text: str) -> list[str]:
-    """Lower-cased words, numbers and punctuation; ``<eos>`` after each paragraph."""
-    tokens: list[str] = []
+def paragraphs(text: str) -> list[list[str]]:
+    """Each paragraph's tokens: lower-cased words, numbers and punctuation, then ``<eos>``."""
+    out = []
     for para in re.split(r"\n\s*\n", text):
         words = _TOKEN.findall(para.lower())
         if words:
-            tokens.extend(words)
-            tokens.append(EOS)
-    return tokens
+            out.append(words + [EOS])
+    return out
+
+
+def tokenize(text: str) -> list[str]:
+    """All tokens of ``text`` in order, ``<eos>`` after each paragraph."""
+    return [t for para in paragraphs(text) for t in para]
 
 
 @dataclass
@@ -80,16 +84,21 @@ class Corpus:
                 f"{len(self.valid)} validation tokens)")
 
 
-def load_corpus(max_words: int | None = 1000, valid_fraction: float = 0.1,
+def load_corpus(max_words: int | None = 500, valid_every: int = 10,
                 path: str | Path = CORPUS) -> Corpus:
-    """Tokenize the corpus; the last ``valid_fraction`` of it is held out for validation.
+    """Tokenize the corpus; every ``valid_every``-th paragraph is held out for validation.
 
-    The vocabulary is built from the training part only, as a real split would.
+    Holding out paragraphs spread over the whole text (rather than its last part, which comes
+    from one module's docstrings) keeps validation text like the training text. The vocabulary
+    is built from the training part only, as a real split would; with the default
+    ``max_words`` the words seen about once in training become ``<unk>``, so the model also
+    learns to predict ``<unk>``.
     """
-    tokens = tokenize(load_text(path))
-    cut = int(len(tokens) * (1 - valid_fraction))
-    vocab = Vocab.build(tokens[:cut], max_words)
-    return Corpus(vocab, vocab.encode(tokens[:cut]), vocab.encode(tokens[cut:]))
+    paras = paragraphs(load_text(path))
+    train = [t for i, p in enumerate(paras) if (i + 1) % valid_every for t in p]
+    valid = [t for i, p in enumerate(paras) if not (i + 1) % valid_every for t in p]
+    vocab = Vocab.build(train, max_words)
+    return Corpus(vocab, vocab.encode(train), vocab.encode(valid))
 
 
 def batchify(ids: torch.Tensor, batch_size: int) -> torch.Tensor:
