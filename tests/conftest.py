@@ -93,6 +93,23 @@ def run_notebook(path: Path, timeout: int = 600, env: dict | None = None,
     return nb
 
 
+def run_quick(name: str, timeout: int = 300):
+    """Run ``notebooks/name`` in quick mode; returns (notebook, its text output, seconds)."""
+    import time as _time
+
+    t0 = _time.monotonic()
+    nb = run_notebook(NOTEBOOKS / name, env={"NBDIST_QUICK": "1"}, timeout=timeout,
+                      save_to=ARTIFACTS / name)
+    return nb, cell_text(nb), _time.monotonic() - t0
+
+
+def assert_no_errors(nb) -> None:
+    """No cell of an executed notebook left an error output."""
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            assert out.get("output_type") != "error", out
+
+
 def cell_text(nb) -> str:
     """All stream and text outputs of an executed notebook, joined."""
     parts = []

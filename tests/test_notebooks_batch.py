@@ -9,29 +9,19 @@ notebooks must carry no outputs and follow the tutorial rules.
 from __future__ import annotations
 
 import re
-import time
 
 import nbformat
 import pytest
-from conftest import ARTIFACTS, NOTEBOOKS, cell_text, run_notebook
+from conftest import NOTEBOOKS, assert_no_errors, run_quick
 
 from nbdist.tutorials import batching
 
-QUICK = {"NBDIST_QUICK": "1"}
 PS_NOTEBOOK = "03_batch_parameter_server.ipynb"
 BATCH_NOTEBOOK = "04_batched_vs_unbatched.ipynb"
 
 
-def _run(name: str):
-    t0 = time.monotonic()
-    nb = run_notebook(NOTEBOOKS / name, env=QUICK, timeout=300, save_to=ARTIFACTS / name)
-    return nb, cell_text(nb), time.monotonic() - t0
 
 
-def _no_errors(nb) -> None:
-    for cell in nb.cells:
-        for out in cell.get("outputs", []):
-            assert out.get("output_type") != "error", out
 
 
 def _with_data(cell, mime: str) -> list:
@@ -54,8 +44,8 @@ def test_notebook_is_clean_and_follows_the_rules(name):
 
 @pytest.mark.timeout(600)
 def test_batch_parameter_server_notebook_quick():
-    nb, text, seconds = _run(PS_NOTEBOOK)
-    _no_errors(nb)
+    nb, text, seconds = run_quick(PS_NOTEBOOK)
+    assert_no_errors(nb)
     # the zero_grad pitfall is shown, not just described
     assert "after zero_grad(): None" in text
     assert "p.grad += g fails" in text
@@ -79,8 +69,8 @@ def test_batch_parameter_server_notebook_quick():
 
 @pytest.mark.timeout(600)
 def test_batched_vs_unbatched_notebook_quick():
-    nb, text, seconds = _run(BATCH_NOTEBOOK)
-    _no_errors(nb)
+    nb, text, seconds = run_quick(BATCH_NOTEBOOK)
+    assert_no_errors(nb)
     # the gymnasium API: reset gives (state, info), step a 5-tuple
     assert re.search(r"^step  -> \(array\(\[.*\]", text, re.M | re.S), text
     # the live table and chart: one output each, updated in place

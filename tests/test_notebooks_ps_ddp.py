@@ -9,31 +9,21 @@ outputs and follow the tutorial rules (parameters cell first, no script files, `
 from __future__ import annotations
 
 import re
-import time
 
 import nbformat
 import numpy as np
 import pytest
 import torch
-from conftest import ARTIFACTS, NOTEBOOKS, cell_text, run_notebook
+from conftest import NOTEBOOKS, assert_no_errors, run_quick
 
 from nbdist.tutorials import digits
 
-QUICK = {"NBDIST_QUICK": "1"}
 PS_NOTEBOOK = "05_parameter_server.ipynb"
 DDP_NOTEBOOK = "06_ddp_notebook.ipynb"
 
 
-def _run(name: str):
-    t0 = time.monotonic()
-    nb = run_notebook(NOTEBOOKS / name, env=QUICK, timeout=300, save_to=ARTIFACTS / name)
-    return nb, cell_text(nb), time.monotonic() - t0
 
 
-def _no_errors(nb) -> None:
-    for cell in nb.cells:
-        for out in cell.get("outputs", []):
-            assert out.get("output_type") != "error", out
 
 
 # ---------------------------------------------------------------------- the committed files
@@ -96,8 +86,8 @@ def test_digits_accuracy_counts_correct_labels_and_keeps_the_mode():
 # ---------------------------------------------------------------------- the notebooks
 @pytest.mark.timeout(600)
 def test_parameter_server_notebook_quick():
-    nb, text, seconds = _run(PS_NOTEBOOK)
-    _no_errors(nb)
+    nb, text, seconds = run_quick(PS_NOTEBOOK)
+    assert_no_errors(nb)
     # both trainers ran on the workers, and the gradients of a step were found on the server
     for r in (1, 2):
         assert re.search(rf"\[trainer{r}\] first step: the server holds 8 gradients", text)
@@ -116,8 +106,8 @@ def test_parameter_server_notebook_quick():
 
 @pytest.mark.timeout(600)
 def test_ddp_notebook_quick():
-    nb, text, seconds = _run(DDP_NOTEBOOK)
-    _no_errors(nb)
+    nb, text, seconds = run_quick(DDP_NOTEBOOK)
+    assert_no_errors(nb)
     # Rank 0's lines have no prefix. No line anchors: a worker's line can land in the middle
     # of one of rank 0's (the core's output router does not wait for rank 0's newline).
     prefix = {0: r"(?<!\] )", 1: r"\[worker1\] ", 2: r"\[worker2\] "}

@@ -7,30 +7,15 @@ fails the test with the cell's traceback. The executed copies are kept in tests/
 from __future__ import annotations
 
 import re
-import time
 
 import pytest
-from conftest import ARTIFACTS, NOTEBOOKS, cell_text, run_notebook
-
-QUICK = {"NBDIST_QUICK": "1"}
-
-
-def _run(name: str):
-    t0 = time.monotonic()
-    nb = run_notebook(NOTEBOOKS / name, env=QUICK, timeout=300, save_to=ARTIFACTS / name)
-    return nb, cell_text(nb), time.monotonic() - t0
-
-
-def _no_errors(nb) -> None:
-    for cell in nb.cells:
-        for out in cell.get("outputs", []):
-            assert out.get("output_type") != "error", out
+from conftest import assert_no_errors, run_quick
 
 
 @pytest.mark.timeout(600)
 def test_rl_rref_notebook_quick():
-    nb, text, seconds = _run("01_rl_rref.ipynb")
-    _no_errors(nb)
+    nb, text, seconds = run_quick("01_rl_rref.ipynb")
+    assert_no_errors(nb)
     # observers were built on the workers, and their prints came back prefixed
     for name in ("obs1", "obs2"):
         assert f"[{name}] {name}: CartPole-v1 ready in process" in text, text
@@ -48,8 +33,8 @@ def test_rl_rref_notebook_quick():
 
 @pytest.mark.timeout(600)
 def test_distributed_rnn_notebook_quick():
-    nb, text, seconds = _run("02_distributed_rnn.ipynb")
-    _no_errors(nb)
+    nb, text, seconds = run_quick("02_distributed_rnn.ipynb")
+    assert_no_errors(nb)
     # the remote parts were built on the parameter server, which printed from there
     assert re.search(r"^\[ps\] EmbeddingTable \d+ x \d+ built on ps", text, re.M), text
     assert "ps: 3 parameter tensors" in text
