@@ -109,13 +109,18 @@ def set_death_check(check: Callable[[Any], None] | None,
 
 
 def wait_future(fut: Any, dest: Any = None, poll: float = 0.1) -> Any:
-    """``fut.wait()`` that Ctrl-C can interrupt and that notices a dead destination."""
+    """``fut.wait()`` that Ctrl-C can interrupt and that notices a dead destination.
+
+    torch's own wait blocks in C++, where no signal handler runs; here the main thread waits
+    on a plain lock the future's callback releases (lock waits are interruptible on POSIX).
+    """
     if fut.done() or threading.current_thread() is not threading.main_thread():
         return fut.wait()
-    done = threading.Event()
-    fut.add_done_callback(lambda _f: done.set())
+    gate = threading.Lock()
+    gate.acquire()
+    fut.add_done_callback(lambda _f: gate.release())
     try:
-        while not done.wait(poll):
+        while not gate.acquire(timeout=poll):
             check = _death_check
             if check is not None and dest is not None:
                 check(dest)
