@@ -20,6 +20,7 @@ import importlib.abc
 import importlib.machinery
 import sys
 import threading
+import time
 import traceback
 import warnings
 from collections.abc import Callable
@@ -129,7 +130,28 @@ def wait_future(fut: Any, dest: Any = None, poll: float = 0.1) -> Any:
         if hook is not None and dest is not None:
             hook(dest)
         raise
-    return fut.wait()
+    try:
+        return fut.wait()
+    except RuntimeError as exc:
+        _explain_transport_error(exc, dest)
+        raise
+
+
+_TRANSPORT = ("eof", "pipe closed", "connection reset", "connection closed", "broken pipe")
+
+
+def _explain_transport_error(exc: BaseException, dest: Any, grace: float = 2.0) -> None:
+    """A connection error from a peer that has died becomes a WorkerDiedError naming it."""
+    check = _death_check
+    if check is None or dest is None or not any(t in str(exc).lower() for t in _TRANSPORT):
+        return
+    give_up = time.monotonic() + grace  # the exit status follows the closed pipe closely
+    while time.monotonic() < give_up:
+        try:
+            check(dest)
+        except Exception as died:
+            raise died from exc
+        time.sleep(0.02)
 
 
 def install_caller() -> None:
