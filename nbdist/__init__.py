@@ -19,6 +19,7 @@ from .errors import (
     WorkerDiedError,
 )
 from .metrics import clear_history, export_history, history, history_frame, log
+from .tracing import rpc_stats
 
 __version__ = "0.1.0"
 
@@ -34,18 +35,31 @@ __all__ = [
     "__version__",
     "clear_history",
     "current",
+    "dashboard",
     "export_history",
     "history",
     "history_frame",
     "load_ipython_extension",
     "log",
+    "rpc_stats",
     "start",
     "stop",
 ]
 
 
+def __getattr__(name: str) -> Any:
+    """``nbdist.dashboard`` imports the widget stack (matplotlib, ipywidgets) on first use."""
+    if name == "dashboard":
+        from .display import dashboard
+
+        return dashboard
+    raise AttributeError(f"module 'nbdist' has no attribute {name!r}")
+
+
 def load_ipython_extension(ipython: Any) -> None:
     """``%load_ext nbdist``: register the magics."""
+    from .display.magic import register
     from .magics import DistMagics
 
     ipython.register_magics(DistMagics)
+    register(ipython)

@@ -3,17 +3,18 @@
 A record is a dict: ``rank``, ``name`` (the rank's RPC name), ``step``, ``time`` (wall clock,
 ``time.time()`` when logged) and the logged values.
 
-On a worker, ``log`` appends the record to a lock-free ``deque`` (``append`` is atomic), and a
-background thread sends whatever has accumulated to the notebook every 50 ms as one
-``("metrics", rank, batch)`` message, so a tight logging loop costs one dict and one append.
+On a worker, ``log`` appends ``(step, time, values)`` to a lock-free ``deque`` (``append`` is
+atomic; ``values`` is the call's own keyword dict), and a background thread sends whatever has
+accumulated to the notebook every 50 ms as one ``("metrics", rank, batch)`` message, so a tight
+logging loop costs about half a microsecond a call. Rank 0 builds the record dicts.
 Taking a batch and sending it happen under one lock, and the worker also flushes before it
 reports a ``%%dist`` cell's result, so records of one rank arrive in the order they were
 logged and before the cell's result. On the notebook (rank 0) records go straight into the
 history. Subscribers (``subscribe``) are called with each delivered batch.
 
-Batches may end with *internal* records (a ``"__nbdist__"`` key: RPC traces, benchmark
-timings); ``_deliver`` hands those to their handler (``register_internal``) and never puts them
-in the history.
+Batches also carry *internal* records (a ``"__nbdist__"`` key: RPC traces, benchmark timings);
+``_deliver`` hands those to their handler (``register_internal``) and never puts them in the
+history.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ _history: list[dict] = []
 _subscribers: list[Callable[[list[dict]], None]] = []
 _internal: dict[str, Callable[[dict], None]] = {}
 # internal record kinds and the module that registers a handler for them when imported
-_PROVIDERS = {"trace": "nbdist.tracing", "timing": "nbdist.display.timings"}
+_PROVIDERS = {"trace": "nbdist.tracing", "timing": "nbdist.display.timing"}
 _rank = 0
 _name = "worker0"
 _generation = 0  # bumped by clear_history, so displays know to start over
@@ -62,7 +63,10 @@ _send_lock = threading.Lock()
 _extra_sources: list[Callable[[], list[dict]]] = []
 _worker = False
 _FLUSH_EVERY = 0.05
-_PLAIN = (float, int, str, bool, type(None))
+_PLAIN = frozenset((float, int, str, bool, type(None)))
+_RESERVED = frozenset(("rank", "name", "time"))
+_append = _pending.append
+_now = time.time
 
 
 def log(step: int | None = None, **values: Any) -> None:
@@ -76,21 +80,32 @@ def log(step: int | None = None, **values: Any) -> None:
     global _next_step
     if not values:
         raise ValueError("nbdist.log() needs at least one named value, e.g. log(reward=1.5)")
-    for key, v in values.items():
+    for v in values.values():
         if type(v) not in _PLAIN:
-            values[key] = _plain(v)
+            _convert(values)
+            break
+    if not _RESERVED.isdisjoint(values):
+        raise ValueError(f"nbdist.log(): {sorted(_RESERVED & set(values))} are reserved names; "
+                         "pick other names for those values")
     if step is None:
         step = _next_step
     _next_step = step + 1
-    rec = {"rank": _rank, "name": _name, "step": step, "time": time.time()}
-    rec.update(values)
-    if len(rec) != 4 + len(values):
-        raise ValueError(f"nbdist.log(): {sorted(set(values) & set(META))} are reserved names; "
-                         "pick other names for those values")
     if _worker:
-        _pending.append(rec)
+        _append((step, _now(), values))  # the kwargs dict is ours: no copy
     else:
-        _deliver([rec])
+        _deliver([_record(_rank, _name, step, _now(), values)])
+
+
+def _record(rank: int, name: str, step: int, t: float, values: dict) -> dict:
+    rec = {"rank": rank, "name": name, "step": step, "time": t}
+    rec.update(values)
+    return rec
+
+
+def _convert(values: dict) -> None:
+    for key, v in values.items():
+        if type(v) not in _PLAIN:
+            values[key] = _plain(v)
 
 
 def _plain(v: Any) -> Any:
@@ -106,20 +121,30 @@ def _plain(v: Any) -> Any:
     return v
 
 
-def _deliver(records: list[dict]) -> None:
-    """Rank 0: add a batch to the history and tell the subscribers (internal records aside)."""
-    if records and INTERNAL in records[-1]:
+def _deliver(records: Any) -> None:
+    """Rank 0: add records to the history and tell the subscribers (internal records aside).
+
+    ``records`` is a list of record dicts (internal ones, if any, at its end), or a worker's
+    batch as ``flush_worker`` packs it: ``(rank, name, [(step, time, values), ...],
+    [internal records])``.
+    """
+    if type(records) is tuple:
+        rank, name, rows, specials = records
+        records = [_record(rank, name, s, t, v) for s, t, v in rows]
+    elif records and INTERNAL in records[-1]:
         k = len(records)
         while k and INTERNAL in records[k - 1]:
             k -= 1
-        for special in records[k:]:
-            handler = _handler(special[INTERNAL])
-            if handler is not None:
-                try:
-                    handler(special)
-                except Exception:  # noqa: BLE001 - a broken handler must not break logging
-                    pass
-        records = records[:k]
+        records, specials = records[:k], records[k:]
+    else:
+        specials = ()
+    for special in specials:
+        handler = _handler(special[INTERNAL])
+        if handler is not None:
+            try:
+                handler(special)
+            except Exception:  # noqa: BLE001 - a broken handler must not break logging
+                pass
     if not records:
         return
     with _lock:
@@ -192,18 +217,18 @@ def flush_worker(channel: Any, rank: int) -> None:
     with _send_lock:
         n = len(_pending)
         pop = _pending.popleft
-        batch = [pop() for _ in range(n)]
+        rows = [pop() for _ in range(n)]
         n = len(_pending_internal)
         pop = _pending_internal.popleft
-        batch.extend(pop() for _ in range(n))
+        specials = [pop() for _ in range(n)]
         for source in _extra_sources:
             try:
-                batch.extend(source())
+                specials.extend(source())
             except Exception:  # noqa: BLE001
                 pass
-        if batch:
+        if rows or specials:
             try:
-                channel.send(("metrics", rank, batch))
+                channel.send(("metrics", rank, (rank, _name, rows, specials)))
             except OSError:
                 pass
 

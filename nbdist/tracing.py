@@ -15,6 +15,8 @@ What is traced, on every rank:
 - RRef proxies (``rref.rpc_sync().m()``, ``.rpc_async()``, ``.remote()``), named ``Type.m``.
   The first proxy call on a user RRef makes one extra RPC to learn the type; it shows up as
   ``_rref_typeof_on_owner``.
+- ``rpc_sync`` is timed when it returns (the current ``api.rpc_sync`` is wrapped, after
+  ``rpc_hooks``; a copy imported before the world started falls back to a future callback).
 - ``RRef.to_here()`` on a user RRef (an RRef owned elsewhere): ``PyRRef.to_here`` is replaced
   on the class (pybind11 classes allow it), named ``RRef.to_here``.
 
@@ -70,7 +72,14 @@ _enabled = os.environ.get(ENV, "1").lower() not in ("0", "false", "off", "no")
 _armed = False
 _on = False  # _enabled and _armed: the one flag the hot path reads
 _caller = "worker0"
-_tls = threading.local()
+class _Local(threading.local):
+    paused = 0  # class defaults: reading a missing attribute of a local is slow
+    call: Any = None  # (t0, func, args) of the Python call being sent
+    sync = False  # inside a traced rpc_sync: time it when it returns, no future callback
+    sync_done: Any = None  # (callee, name, t0, bytes) of that call
+
+
+_tls = _Local()
 _done: collections.deque = collections.deque()  # (callee, function, t0, latency, bytes)
 _wall_offset = time.time() - perf_counter()
 _installed = False
@@ -128,15 +137,46 @@ def _func_name(func: Any, args: Any) -> str:
 
 
 def _watch(fut: Any, callee: str, name: str, t0: float, nbytes: int) -> None:
+    """Record the call when its future completes (or, in ``rpc_sync``, when it returns)."""
+    if _tls.sync:
+        _tls.sync = False  # the first call inside rpc_sync is the one it waits for
+        _tls.sync_done = (callee, name, t0, nbytes)
+        return
+
     def done(_f: Any) -> None:
         _done.append((callee, name, t0, perf_counter() - t0, nbytes))
 
     fut.add_done_callback(done)
 
 
+def _wrap_rpc_sync(orig: Any) -> Any:
+    """``rpc_sync`` is timed when it returns: a future callback would run on torch's thread
+    on the way to waking the caller, and cost it several microseconds."""
+    from torch.distributed.rpc.constants import UNSET_RPC_TIMEOUT
+
+    def rpc_sync(to: Any, func: Any, args: Any = None, kwargs: Any = None,
+                 timeout: float = UNSET_RPC_TIMEOUT) -> Any:
+        if not _on or _tls.paused:
+            return orig(to, func, args, kwargs, timeout)
+        _tls.sync = True
+        try:
+            return orig(to, func, args, kwargs, timeout)
+        finally:
+            _tls.sync = False
+            done = _tls.sync_done
+            if done is not None:
+                _tls.sync_done = None
+                callee, name, t0, nbytes = done
+                _done.append((callee, name, t0, perf_counter() - t0, nbytes))
+
+    rpc_sync.__doc__ = orig.__doc__
+    rpc_sync.__wrapped__ = orig  # type: ignore[attr-defined]
+    return rpc_sync
+
+
 def _wrap_python_udf(orig: Any) -> Any:
     def PythonUDF(func: Any, args: Any, kwargs: Any) -> Any:  # noqa: N802 - replaces a class
-        if _on and not getattr(_tls, "paused", 0):
+        if _on and not _tls.paused:
             _tls.call = (perf_counter(), func, args)
         return orig(func, args, kwargs)
 
@@ -144,7 +184,7 @@ def _wrap_python_udf(orig: Any) -> Any:
 
 
 def _take_call() -> Any:
-    call = getattr(_tls, "call", None)
+    call = _tls.call
     if call is not None:
         _tls.call = None
     return call
@@ -166,7 +206,7 @@ def _wrap_invoke_udf(orig: Any, remote: bool) -> Any:
 
 def _wrap_rpc_builtin(orig: Any) -> Any:
     def invoke(dst: Any, qualname: str, timeout: float, *args: Any, **kwargs: Any) -> Any:
-        if not _on or getattr(_tls, "paused", 0):
+        if not _on or _tls.paused:
             return orig(dst, qualname, timeout, *args, **kwargs)
         t0 = perf_counter()
         fut = orig(dst, qualname, timeout, *args, **kwargs)
@@ -178,7 +218,7 @@ def _wrap_rpc_builtin(orig: Any) -> Any:
 
 def _wrap_remote_builtin(orig: Any) -> Any:
     def invoke(dst: Any, qualname: str, timeout: float, *args: Any, **kwargs: Any) -> Any:
-        if not _on or getattr(_tls, "paused", 0):
+        if not _on or _tls.paused:
             return orig(dst, qualname, timeout, *args, **kwargs)
         t0 = perf_counter()
         rref = orig(dst, qualname, timeout, *args, **kwargs)
@@ -191,7 +231,7 @@ def _wrap_remote_builtin(orig: Any) -> Any:
 def _wrap_rpc_script(orig: Any) -> Any:
     def invoke(dst: str, qualname: str, args: Any, kwargs: Any, timeout: float,
                is_async: bool) -> Any:
-        if not _on or getattr(_tls, "paused", 0):
+        if not _on or _tls.paused:
             return orig(dst, qualname, args, kwargs, timeout, is_async)
         t0 = perf_counter()
         fut = orig(dst, qualname, args, kwargs, timeout, is_async)
@@ -204,7 +244,7 @@ def _wrap_rpc_script(orig: Any) -> Any:
 def _wrap_remote_script(orig: Any) -> Any:
     def invoke(dst: str, qualname: str, timeout: float, is_async: bool, *args: Any,
                **kwargs: Any) -> Any:
-        if not _on or getattr(_tls, "paused", 0):
+        if not _on or _tls.paused:
             return orig(dst, qualname, timeout, is_async, *args, **kwargs)
         t0 = perf_counter()
         rref = orig(dst, qualname, timeout, is_async, *args, **kwargs)
@@ -218,7 +258,7 @@ def _wrap_to_here(orig: Any) -> Any:
     from torch.distributed.rpc.constants import UNSET_RPC_TIMEOUT
 
     def to_here(self: Any, timeout: float = UNSET_RPC_TIMEOUT) -> Any:
-        if not _on or getattr(_tls, "paused", 0) or self.is_owner():
+        if not _on or _tls.paused or self.is_owner():
             return orig(self, timeout)
         t0 = perf_counter()
         value = orig(self, timeout)
@@ -246,6 +286,7 @@ def install(rank: int, name: str) -> None:
         if _installed:
             return
         import torch
+        import torch.distributed.rpc as rpc
         from torch._C._distributed_rpc import PyRRef
         from torch.distributed.rpc import api, rref_proxy
 
@@ -259,6 +300,7 @@ def install(rank: int, name: str) -> None:
         api._invoke_rpc_torchscript = _wrap_rpc_script(api._invoke_rpc_torchscript)
         api._invoke_remote_torchscript = _wrap_remote_script(api._invoke_remote_torchscript)
         PyRRef.to_here = _wrap_to_here(PyRRef.to_here)
+        api.rpc_sync = rpc.rpc_sync = _wrap_rpc_sync(api.rpc_sync)
         _installed = True
 
 
@@ -310,7 +352,7 @@ def enable(on: bool = True, everywhere: bool = True, timeout: float = 10.0) -> N
 @contextlib.contextmanager
 def paused() -> Iterator[None]:
     """Do not trace RPCs made by this thread inside the ``with`` block."""
-    _tls.paused = getattr(_tls, "paused", 0) + 1
+    _tls.paused += 1
     try:
         yield
     finally:

@@ -41,10 +41,11 @@ def _log_burst(n: int, tag: str) -> int:
     return n
 
 
-def test_four_ranks_5000_records_each_arrive_in_order(world):
-    c = world(4)
-    c.run("import nbdist\nfor i in range(5000):\n    nbdist.log(i=i, reward=i * 0.5)\n",
-          show=False)
+def test_four_ranks_5000_records_each_arrive_in_order(ipython):
+    ipython.run_line_magic("dist_start", "4")
+    c = nbdist.current()
+    ipython.run_cell_magic("dist", "", "import nbdist\nfor i in range(5000):\n"
+                                       "    nbdist.log(i=i, reward=i * 0.5)\n")
     ended = time.monotonic()
     rows = _wait_for(lambda: (len(h := nbdist.history()) >= 20000) and h, 2.0,
                      "20,000 records within 2 s of the cell ending")

@@ -10,6 +10,7 @@ import threading
 from collections.abc import Sequence
 
 from .. import metrics
+from .timing import from_record
 
 __all__ = ["SeriesStore"]
 
@@ -17,27 +18,37 @@ _NUMBER = (int, float)
 
 
 class SeriesStore:
-    """``{value name: {rank: (steps, values)}}`` for every numeric value logged."""
+    """``{value name: {rank: (steps, values)}}`` for every numeric value logged.
+
+    Records that carry a timing (``timing.LOG_KEYS``) go to ``timings`` instead.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._series: dict[str, dict[int, tuple[list, list]]] = {}
         self.names: dict[int, str] = {}
+        self.timings: list[dict] = []  # records logged with timing.LOG_KEYS
+        self.timings_version = 0
         self.version = 0
         self.count = 0
         self._generation = -1
+        self._attached = False
 
     def attach(self) -> None:
         """Load the history so far and follow the stream (``detach`` stops following)."""
         with self._lock:  # deliveries wait until the history is in, so order is kept
             self._series.clear()
+            self.timings.clear()
+            self.timings_version += 1
             self.count = 0
             rows, self._generation = metrics.follow(self.add)
+            self._attached = True
             self._add(rows)
 
     def detach(self) -> None:
         """Stop following the metrics stream."""
         metrics.unsubscribe(self.add)
+        self._attached = False
 
     def add(self, records: Sequence[dict]) -> None:
         """Append a batch of records (the metrics subscriber)."""
@@ -51,6 +62,12 @@ class SeriesStore:
             step = rec["step"]
             if rank not in names or names[rank] != rec["name"]:
                 names[rank] = rec["name"]
+            if "batching_seconds" in rec:
+                row = from_record(rec)
+                if row is not None:
+                    self.timings.append(row)
+                    self.timings_version += 1
+                    continue
             for key, v in rec.items():
                 if key in metrics.META or type(v) not in _NUMBER:
                     continue
@@ -65,6 +82,11 @@ class SeriesStore:
         self.count += len(records)
         self.version += 1
 
+    def timing_rows(self) -> list[dict]:
+        """Copies of the timings logged as records."""
+        with self._lock:
+            return [dict(t) for t in self.timings]
+
     def keys(self) -> list[str]:
         """Value names in the order they were first seen."""
         with self._lock:
@@ -72,7 +94,7 @@ class SeriesStore:
 
     def snapshot(self, keys: Sequence[str] | None = None) -> dict[str, dict[int, tuple]]:
         """Copies of the curves of ``keys`` (all if None); starts over after clear_history."""
-        if self._generation != metrics.generation():
+        if self._attached and self._generation != metrics.generation():
             self.attach()
         with self._lock:
             wanted = list(self._series) if keys is None else [k for k in keys]

@@ -5,7 +5,7 @@ calls per second per destination over time; cluster status (alive, CPU, memory p
 execution times by observers and mode (``record_timing``).
 
 Live: a background thread redraws only the panels whose data changed, at most ``hz`` times a
-second (slower when drawing is slow: it never spends more than about a third of its time
+second (slower when drawing is slow: it never spends more than about a quarter of its time
 drawing), and sets new PNG bytes on ``ipywidgets.Image`` widgets. That updates the view in
 place while a cell is still running; nothing is cleared, nothing is appended to the output.
 
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import datetime
+import os
 import threading
 import weakref
 from collections.abc import Sequence
@@ -27,7 +28,7 @@ from time import perf_counter
 from typing import Any
 
 from .. import metrics, tracing
-from . import render, timings
+from . import render, timing
 from .collect import SeriesStore
 
 __all__ = ["Dashboard", "close_all", "dashboard"]
@@ -112,7 +113,8 @@ class Dashboard:
             names.setdefault(r["rank"], r["name"])
         return render.Snapshot(series=self.store.snapshot(keys), names=names,
                                samples=tracing.samples(), rows=rows,
-                               timings=timings.timings(), window=self.window,
+                               timings=timing.timings() + self.store.timing_rows(),
+                               window=self.window,
                                title=self._title_text(rows))
 
     def _title_text(self, rows: list[dict]) -> str:
@@ -124,7 +126,8 @@ class Dashboard:
 
     def _versions(self) -> dict[str, Any]:
         return {"metrics": (self.store.version, metrics.generation(), tuple(self.plot_keys())),
-                "rpc": tracing.version(), "timings": timings.timings_version()}
+                "rpc": tracing.version(),
+                "timings": (timing.timings_version(), self.store.timings_version)}
 
     # ------------------------------------------------------------------ pictures
     def figure(self) -> Any:
@@ -141,11 +144,14 @@ class Dashboard:
         """Write every panel to ``path`` (PNG, or any format matplotlib knows by extension)."""
         self._status_rows(force=True)
         fig = self.figure()
+        tmp = f"{path}.tmp{os.getpid()}"  # written whole, then renamed: readers never see half
         if path.lower().endswith(".png"):
-            with open(path, "wb") as f:
+            with open(tmp, "wb") as f:
                 f.write(render.to_png(fig))
         else:
-            fig.savefig(path, dpi=render.DPI)
+            fmt = os.path.splitext(path)[1].lstrip(".") or None
+            fig.savefig(tmp, dpi=render.DPI, format=fmt)
+        os.replace(tmp, path)
         return path
 
     # ------------------------------------------------------------------ widget
@@ -212,7 +218,7 @@ class Dashboard:
                 self.last_error = None
             except Exception as exc:  # noqa: BLE001 - keep the dashboard alive, say what broke
                 self.last_error = f"{type(exc).__name__}: {exc}"
-            wait = max(self.interval, 2.0 * (perf_counter() - t0))
+            wait = max(self.interval, 3.0 * (perf_counter() - t0))
 
     def start(self) -> Dashboard:
         """Start the background updates (``dashboard()`` does this)."""
@@ -229,8 +235,8 @@ class Dashboard:
         png = self.png()
         self._fallback_seen = self._versions()
         bundle = {"image/png": base64.b64encode(png).decode("ascii"),
-                  "text/plain": "<nbdist dashboard: live in a notebook with ipywidgets; "
-                                "a picture elsewhere>"}
+                  "text/plain": f"<nbdist dashboard: {self.store.count} records, "
+                                f"{tracing.total_calls()} RPCs; live with ipywidgets>"}
         if self.widget is not None:
             view = self.widget._repr_mimebundle_()
             bundle[_VIEW] = view[_VIEW]
@@ -240,6 +246,12 @@ class Dashboard:
         """Display the dashboard (again) in the current cell; all copies update together."""
         from IPython.display import display
 
+        if self._shell is None:
+            from IPython import get_ipython
+
+            self._shell = get_ipython()
+            if self._shell is not None:
+                self._shell.events.register("post_run_cell", self._after_cell)
         if self.widget is None:
             if self.save_to is None:
                 self.save_to = "nbdist-dashboard.png"
@@ -251,9 +263,6 @@ class Dashboard:
         bundle = self._bundle()
         if self._handle is None:
             self._handle = display(bundle, raw=True, display_id=True)
-            self._shell = _kernel_shell()
-            if self._shell is not None:
-                self._shell.events.register("post_run_cell", self._after_cell)
         else:
             self._handle.display(bundle, raw=True)
 
@@ -307,7 +316,7 @@ def dashboard(keys: Sequence[str] | str | None = None, window: int = 20, hz: flo
     d = Dashboard(keys=keys, window=window, hz=hz, max_keys=max_keys, save_to=save_to)
     if show:
         d.show()
-        d._skip_display = d.widget is not None  # the cell's value would show it again
+        d._skip_display = True  # the cell's value would show it again
     return d.start()
 
 

@@ -2,7 +2,8 @@
 
 ``record_timing(observers, mode, seconds)`` from any rank: on the notebook the timing is stored
 here, on a worker it travels to the notebook with the next metrics batch (an internal record,
-so it never shows in ``history()``). The batching tutorial and ``bench/batching.py`` call it,
+so it never shows in ``history()``). Records logged with the keys in ``LOG_KEYS`` count as
+timings as well. The batching tutorial and ``bench/batching.py`` call it,
 for example ``record_timing(4, "batch", 17.6)`` and ``record_timing(4, "no batch", 28.9)``.
 """
 
@@ -13,7 +14,13 @@ import time
 
 from .. import metrics
 
-__all__ = ["clear_timings", "record_timing", "timings", "timings_version"]
+__all__ = ["LOG_KEYS", "clear_timings", "from_record", "record_timing", "timings",
+           "timings_version"]
+
+#: ``nbdist.log(batching_observers=4, batching_mode="batched", batching_seconds=17.6)`` is read
+#: as a timing too (``nbdist.tutorials.batching.record`` logs those): the dashboard draws such
+#: records as bars, not as curves.
+LOG_KEYS = ("batching_observers", "batching_mode", "batching_seconds")
 
 _lock = threading.Lock()
 _timings: list[dict] = []
@@ -44,6 +51,18 @@ def _receive(rec: dict) -> None:
 
 
 metrics.register_internal("timing", _receive)
+
+
+def from_record(rec: dict) -> dict | None:
+    """The timing a logged record carries (``LOG_KEYS``), or None."""
+    if LOG_KEYS[2] not in rec:
+        return None
+    try:
+        return {"observers": int(rec.get(LOG_KEYS[0], 0)), "mode": str(rec.get(LOG_KEYS[1], "")),
+                "seconds": float(rec[LOG_KEYS[2]]), "time": rec.get("time"),
+                "rank": rec.get("rank")}
+    except (TypeError, ValueError):
+        return None
 
 
 def timings() -> list[dict]:

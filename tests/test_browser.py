@@ -1,0 +1,218 @@
+"""The dashboard in a real JupyterLab, driven by headless Chromium through Playwright.
+
+A private JupyterLab (loopback, random free port, token, temp root and config dirs, no news
+or update checks, read-only extension manager) serves a notebook that starts a world, shows
+``nbdist.dashboard()`` and runs a ~10 s logging cell. While that cell is still running, two
+screenshots of the widget must differ: the plot is updated live, in place. Screenshots go to
+tests/artifacts/. The server, its kernels and the browser are always stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import nbformat
+import pytest
+from conftest import ARTIFACTS, wait_gone
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu",
+                 "--disable-background-networking", "--disable-component-update",
+                 "--no-first-run", "--disable-sync"]
+
+pytestmark = [
+    pytest.mark.skipif(not os.path.exists(CHROMIUM),
+                       reason=f"{CHROMIUM} is missing (apt-get install chromium; "
+                              "`make browser` does it)"),
+    pytest.mark.timeout(420),
+]
+
+CELLS = [
+    "%load_ext nbdist",
+    "%dist_start 2",
+    "import nbdist\nnbdist.dashboard()",
+    "%%dist\nimport math, random, time, nbdist\nimport torch.distributed.rpc as rpc\n"
+    "for i in range(200):\n    nbdist.log(reward=math.sin(i / 15) + random.random() * 0.2)\n"
+    "    rpc.rpc_sync('worker0', abs, args=(-i,))\n    time.sleep(0.05)",
+    "%dist_stop",
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _api(base: str, token: str, path: str, method: str = "GET") -> object:
+    req = urllib.request.Request(f"{base}{path}", method=method,
+                                 headers={"Authorization": f"token {token}"})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        body = resp.read()
+    return json.loads(body) if body else None
+
+
+@pytest.fixture
+def lab(tmp_path):
+    """A private JupyterLab serving ``dash.ipynb``; yields (base url, token)."""
+    root = tmp_path / "root"
+    root.mkdir()
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                 "language": "python"}
+    nb.cells = [nbformat.v4.new_code_cell(c) for c in CELLS]
+    nbformat.write(nb, str(root / "dash.ipynb"))
+    port, token = _free_port(), secrets.token_hex(16)
+    env = dict(os.environ)
+    for var, sub in (("JUPYTER_CONFIG_DIR", "config"), ("JUPYTER_RUNTIME_DIR", "runtime"),
+                     ("JUPYTERLAB_SETTINGS_DIR", "settings"),
+                     ("JUPYTERLAB_WORKSPACES_DIR", "workspaces")):
+        env[var] = str(tmp_path / sub)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    for plugin, settings in (("notebook-extension/tracker", {"autoStartDefaultKernel": True}),
+                             ("apputils-extension/notification", {"fetchNews": "false"})):
+        path = tmp_path / "settings" / "@jupyterlab" / f"{plugin}.jupyterlab-settings"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(settings))
+    log = open(tmp_path / "lab.log", "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jupyterlab", "--no-browser", f"--ServerApp.port={port}",
+         "--ServerApp.ip=127.0.0.1", "--ServerApp.port_retries=0",
+         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
+         "--ServerApp.allow_remote_access=False", "--ServerApp.terminals_enabled=False",
+         "--LabApp.news_url=None", "--LabApp.extension_manager=readonly",
+         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+         *(["--allow-root"] if os.geteuid() == 0 else [])],
+        cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                _api(base, token, "/api/status")
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("JupyterLab did not start:\n"
+                                       + (tmp_path / "lab.log").read_text()[-3000:]) from None
+                time.sleep(0.25)
+        yield base, token
+    finally:
+        try:  # shut kernels down through the server: their atexit stops the nbdist world
+            for k in _api(base, token, "/api/kernels") or []:
+                _api(base, token, f"/api/kernels/{k['id']}", "DELETE")
+        except Exception:  # noqa: BLE001 - the server may be gone already
+            pass
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+        log.close()
+
+
+@pytest.fixture
+def page():
+    """A headless Chromium page (Playwright with the system's Chromium, no download)."""
+    from playwright.sync_api import sync_playwright
+
+    pw = sync_playwright().start()
+    try:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS,
+                                     headless=True)
+        try:
+            context = browser.new_context(viewport={"width": 1280, "height": 1600})
+            yield context.new_page()
+        finally:
+            browser.close()
+    finally:
+        pw.stop()
+
+
+def _prompt(page, index: int) -> str:
+    return page.locator(".jp-Notebook .jp-Cell").nth(index).locator(
+        ".jp-InputPrompt").inner_text().strip()
+
+
+def _records(widget) -> int:
+    found = re.search(r"([\d,]+) records", widget.first.inner_text())
+    return int(found.group(1).replace(",", "")) if found else 0
+
+
+def _wait(pred, timeout: float, what: str, page=None) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            if page is not None:
+                page.screenshot(path=str(ARTIFACTS / "browser_timeout.png"))
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.1)
+
+
+def test_dashboard_updates_live_in_jupyterlab(lab, page):
+    base, token = lab
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.set_default_timeout(120_000)
+    page.goto(f"{base}/lab/tree/dash.ipynb?token={token}")
+    page.wait_for_selector(".jp-Notebook .jp-Cell")
+    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']",
+                           state="attached", timeout=120_000)
+    _wait(lambda: "Idle" in page.locator(".jp-StatusBar-TextItem", has_text="|").first
+          .inner_text(), 120, "the kernel to start", page)
+    page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+    page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
+
+    widget = page.locator(".nbdist-dashboard")
+    try:
+        widget.first.wait_for(state="visible", timeout=120_000)
+    except Exception:
+        page.screenshot(path=str(ARTIFACTS / "browser_timeout.png"), full_page=True)
+        raise
+    plot = widget.first.locator("img").first  # the per-rank curves
+    _wait(lambda: _records(widget) > 0, 180, "records from the logging cell", page)
+    first = plot.screenshot(path=str(ARTIFACTS / "browser_plot_1.png"))
+    widget.first.screenshot(path=str(ARTIFACTS / "browser_dashboard_1.png"))
+    time.sleep(3.0)
+    second = plot.screenshot(path=str(ARTIFACTS / "browser_plot_2.png"))
+    widget.first.screenshot(path=str(ARTIFACTS / "browser_dashboard_2.png"))
+    assert _prompt(page, 3) == "[*]:", "the logging cell ended before the second screenshot"
+    assert first != second, "the plot did not change while the cell ran"
+
+    _wait(lambda: _prompt(page, 4).startswith("[") and _prompt(page, 4) not in ("[ ]:", "[*]:"),
+          120, "the notebook to finish", page)
+    page.screenshot(path=str(ARTIFACTS / "browser_page.png"), full_page=True)
+    widget.first.screenshot(path=str(ARTIFACTS / "browser_dashboard_final.png"))
+    assert widget.count() == 1, "the dashboard must stay one widget, updated in place"
+    errors = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
+    texts = [errors.nth(i).inner_text() for i in range(errors.count())]
+    assert not any("Traceback" in t for t in texts), texts
+    kernels = _api(base, token, "/api/kernels")
+    assert kernels, "the notebook's kernel should still be running"
+    pids_before = _kernel_descendants()
+    for k in kernels:
+        _api(base, token, f"/api/kernels/{k['id']}", "DELETE")
+    assert not wait_gone(pids_before, 15.0), "kernel or workers outlived the kernel shutdown"
+
+
+def _kernel_descendants() -> list[int]:
+    import psutil
+
+    pids = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            line = " ".join(p.cmdline())
+        except psutil.Error:
+            continue
+        if "ipykernel" in line or "nbdist" in line:
+            pids.append(p.pid)
+    return pids

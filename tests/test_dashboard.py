@@ -1,0 +1,173 @@
+"""The live dashboard: widgets redrawn by a background thread while a cell runs, only the
+panels whose data changed; a picture file outside a notebook; a PNG that nbclient keeps."""
+
+from __future__ import annotations
+
+import base64
+import os
+import threading
+import time
+
+import nbformat
+import pytest
+from conftest import ARTIFACTS
+from nbclient import NotebookClient
+
+import nbdist
+from nbdist import tracing
+from nbdist.display import Dashboard, close_all, record_timing, timing
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(autouse=True)
+def clean():
+    nbdist.clear_history()
+    tracing.clear()
+    timing.clear_timings()
+    yield
+    close_all()
+    nbdist.clear_history()
+    timing.clear_timings()
+
+
+def _echo(x):
+    return x
+
+
+def test_widget_updates_while_a_long_cell_runs(world):
+    c = world(2)
+    d = Dashboard(hz=10, widgets=True)
+    d.refresh(force=True)  # the picture before the cell
+    d.start()
+    seen: list[tuple[float, bytes]] = []
+    stop = threading.Event()
+
+    def watch() -> None:  # what a frontend would receive: each new value of the image
+        last = bytes(d._w_metrics.value)
+        while not stop.is_set():
+            v = bytes(d._w_metrics.value)
+            if v != last:
+                seen.append((time.monotonic(), v))
+                last = v
+            time.sleep(0.01)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        t0 = time.monotonic()
+        c.run("import nbdist, time\nfor i in range(60):\n    nbdist.log(reward=i % 7)\n"
+              "    time.sleep(0.05)\n", show=False)  # ~3 s, the main thread blocked in here
+        t1 = time.monotonic()
+    finally:
+        stop.set()
+        watcher.join()
+    during = [v for t, v in seen if t0 < t < t1]
+    assert len(during) >= 2, f"only {len(during)} updates while the cell ran"
+    assert all(v.startswith(PNG) for v in during)
+    assert "worker1" in d._w_status.value and "alive" in d._w_status.value
+    assert d.last_error is None
+    assert d.running()
+    d.close()
+    assert not d.running()
+
+
+def test_refresh_redraws_only_what_changed(world):
+    c = world(1)
+    d = Dashboard(widgets=True)  # no thread: refresh by hand
+    assert d.refresh(force=True) == 3
+    assert d.refresh() == 0
+    nbdist.log(loss=1.0)
+    assert d.refresh() == 1
+    m = bytes(d._w_metrics.value)
+    import torch.distributed.rpc as rpc
+
+    rpc.rpc_sync(c.names[1], _echo, args=(1,))
+    assert d.refresh() == 1 and bytes(d._w_metrics.value) == m
+    record_timing(2, "batch", 3.0)
+    assert d.refresh() == 1
+    assert d.plot_keys() == ["loss"]
+    d.close()
+
+
+def test_picture_file_outside_a_notebook(world, tmp_path):
+    c = world(1)
+    path = str(tmp_path / "live.png")
+    d = Dashboard(hz=20, widgets=False, save_to=path).start()
+    deadline = time.monotonic() + 10
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    first = open(path, "rb").read()
+    assert first.startswith(PNG)
+    c.run("import nbdist\nfor i in range(200):\n    nbdist.log(reward=i)\n", show=False)
+    while open(path, "rb").read() == first and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert open(path, "rb").read() != first, "the picture file was not refreshed"
+    saved = d.save(str(tmp_path / "run.png"))
+    assert open(saved, "rb").read().startswith(PNG)
+    d.save(str(tmp_path / "run.svg"))
+    assert b"<svg" in open(tmp_path / "run.svg", "rb").read(200)
+    d.close()
+
+
+def test_record_timing_from_a_worker_reaches_the_notebook(world):
+    c = world(1)
+    c.run("from nbdist.display import record_timing\nrecord_timing(3, 'batched', 1.5)\n",
+          show=False)  # internal records travel before the cell's result
+    rows = [(t["observers"], t["mode"], t["seconds"], t["rank"]) for t in timing.timings()]
+    assert rows == [(3, "batched", 1.5, 1)]
+    assert nbdist.history() == [], "timings are not logged values"
+    d = Dashboard(widgets=False)
+    assert [t["mode"] for t in d.snapshot().timings] == ["batched"]
+    d.close()
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="hz"):
+        Dashboard(hz=0, widgets=False)
+    with pytest.raises(ValueError, match="window"):
+        Dashboard(window=0, widgets=False)
+    assert Dashboard(keys="a, b", widgets=False).plot_keys() == ["a", "b"]
+
+
+NOTEBOOK = [
+    "%load_ext nbdist\nimport nbdist, nbdist.display.magic\n"
+    "nbdist.display.magic.register(get_ipython())",
+    "%dist_start 1",
+    "%dist_dashboard --hz 10",
+    "%%dist\nimport nbdist\nfor i in range(50):\n    nbdist.log(reward=i)",
+    "import nbdist.display\nnbdist.display.close_all()\n%dist_stop",
+]
+
+
+@pytest.mark.timeout(300)
+def test_headless_notebook_keeps_an_updated_picture(tmp_path):
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in NOTEBOOK]
+    client = NotebookClient(nb, timeout=120, kernel_name="python3",
+                            resources={"metadata": {"path": str(tmp_path)}})
+    client.execute()
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, str(ARTIFACTS / "dashboard_headless.ipynb"))
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            assert out["output_type"] != "error", out
+    outs = nb.cells[2]["outputs"]
+    assert len(outs) == 1, "the dashboard is one output, updated in place"
+    data = outs[0]["data"]
+    assert "application/vnd.jupyter.widget-view+json" in data
+    png = base64.b64decode(data["image/png"])
+    assert png.startswith(PNG)
+    (ARTIFACTS / "dashboard_headless.png").write_bytes(png)
+    # the picture was redrawn after the logging cell: its caption counts those records
+    assert "50 records" in data["text/plain"], data["text/plain"]
+
+
+def test_public_api_and_magic_are_wired(ipython):
+    """``nbdist.dashboard``/``nbdist.rpc_stats`` and ``%dist_dashboard`` after ``%load_ext``."""
+    import nbdist.display
+
+    assert nbdist.dashboard is nbdist.display.dashboard
+    assert nbdist.rpc_stats is tracing.rpc_stats
+    assert {"dashboard", "rpc_stats"} <= set(nbdist.__all__)
+    assert "dist_dashboard" in ipython.magics_manager.magics["line"]
