@@ -269,6 +269,7 @@ class Cluster:
                                                  rpc_backend_options=opts),
                             deadline, "join the RPC world (init_rpc)")
             self._rpc_up = True
+            shipping.register_patched("torch.distributed.rpc", "torch.distributed.rpc.api")
             if spec.process_group:
                 from datetime import timedelta
 

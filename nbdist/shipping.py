@@ -25,7 +25,7 @@ from typing import Any
 
 import cloudpickle
 
-__all__ = ["install", "installed", "dumps"]
+__all__ = ["dumps", "install", "installed", "register_patched"]
 
 _installed = False
 
@@ -85,6 +85,30 @@ def _reduce_method(m: types.MethodType) -> Any:
     return m.__reduce__()
 
 
+_BY_NAME: dict[int, tuple[str, str]] = {}
+
+
+def _load_attr(module: str, name: str) -> Any:
+    """Unpickling hook: the receiver's own ``module.name`` (its own patched version)."""
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
+
+
+def register_patched(*module_names: str) -> None:
+    """Ship nbdist's wrappers that replaced torch functions by name, never by value.
+
+    A notebook cell that did ``from torch.distributed.rpc import rpc_sync`` refers to the
+    wrapper nbdist put there; pickled by value it would drag nbdist's internals along.
+    """
+    for modname in module_names:
+        mod = sys.modules.get(modname)
+        for attr, value in vars(mod).items() if mod is not None else ():
+            if isinstance(value, types.FunctionType) and \
+                    getattr(value, "__module__", "").startswith("nbdist"):
+                _BY_NAME[id(value)] = (modname, attr)
+
+
 class ShippingPickler(cloudpickle.Pickler):
     """cloudpickle's by-value reducers plus the cell source of each shipped function."""
 
@@ -97,6 +121,8 @@ class ShippingPickler(cloudpickle.Pickler):
         super().__init__(file, protocol=protocol)
 
     def reducer_override(self, obj: Any) -> Any:
+        if type(obj) is types.FunctionType and id(obj) in _BY_NAME:
+            return (_load_attr, _BY_NAME[id(obj)])
         rv = super().reducer_override(obj)
         if rv is not NotImplemented and isinstance(obj, types.FunctionType):
             filename = obj.__code__.co_filename

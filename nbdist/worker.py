@@ -154,6 +154,7 @@ def _join_world(cfg: dict) -> None:
     from . import rref_reset
 
     rref_reset.start_ids_at(cfg["epoch"])  # RRef ids unlike any of an earlier world
+    shipping.register_patched("torch.distributed.rpc", "torch.distributed.rpc.api")
     if cfg.get("process_group"):
         dist.init_process_group(cfg["process_group"], init_method=cfg["pg_init"], rank=_rank,
                                 world_size=cfg["world_size"],
