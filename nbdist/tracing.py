@@ -72,6 +72,8 @@ _enabled = os.environ.get(ENV, "1").lower() not in ("0", "false", "off", "no")
 _armed = False
 _on = False  # _enabled and _armed: the one flag the hot path reads
 _caller = "worker0"
+
+
 class _Local(threading.local):
     paused = 0  # class defaults: reading a missing attribute of a local is slow
     call: Any = None  # (t0, func, args) of the Python call being sent

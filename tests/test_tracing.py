@@ -153,3 +153,48 @@ def test_rpc_sync_imported_before_the_world_is_still_traced(world):
     rpc.rpc_sync("worker1", echo, args=(5,))
     stats = _wait_total(4)
     assert stats.get("worker0", "worker1", "echo")["count"] == 4
+
+
+SCRIPT_MODULE = '''
+import torch
+
+
+@torch.jit.script
+def script_add(x: torch.Tensor, y: int) -> torch.Tensor:
+    return x + y
+'''
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_torchscript_functions_are_traced(world, tmp_path, monkeypatch):
+    (tmp_path / "nbdist_scriptmod.py").write_text(SCRIPT_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))  # workers take this process's sys.path
+    from nbdist_scriptmod import script_add
+
+    c = world(1)
+    c.run("import nbdist_scriptmod", show=False)
+    x = torch.ones(2)
+    assert rpc.rpc_sync("worker1", script_add, args=(x, 3)).tolist() == [4.0, 4.0]
+    assert rpc.rpc_async("worker1", script_add, args=(x, 3)).wait().tolist() == [4.0, 4.0]
+    assert rpc.remote("worker1", script_add, args=(x, 3)).to_here().tolist() == [4.0, 4.0]
+    row = _wait_total(4).get("worker0", "worker1", "__torch__.nbdist_scriptmod.script_add")
+    assert row is not None and row["count"] == 3 and row["bytes"] == 3 * 8
+
+
+def test_private_torch_names_tracing_wraps_are_still_there():
+    """Tracing wraps these private torch names; a torch upgrade that moves them fails here."""
+    import inspect
+
+    from torch._C._distributed_rpc import PyRRef
+    from torch.distributed.rpc import api, rref_proxy
+
+    for name in ("_invoke_rpc_python_udf", "_invoke_rpc_builtin", "_invoke_rpc_torchscript",
+                 "_invoke_remote_python_udf", "_invoke_remote_builtin",
+                 "_invoke_remote_torchscript", "PythonUDF"):
+        assert hasattr(api, name), name
+        assert name in inspect.getsource(api._invoke_rpc) or name in inspect.getsource(
+            api.remote), f"{name} is no longer looked up by rpc_sync/rpc_async/remote"
+    assert callable(rref_proxy._local_invoke)
+    assert callable(rref_proxy._local_invoke_async_execution)
+    for method in ("to_here", "_get_type", "_get_future", "is_owner", "owner_name"):
+        assert hasattr(PyRRef, method), method

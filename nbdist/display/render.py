@@ -354,7 +354,8 @@ def status_html(rows: Sequence[dict]) -> str:
     """An HTML table of the ranks with inline CPU bars; dead ranks in red."""
     if not rows:
         return "<div class='nbdist-status'><i>no world running</i></div>"
-    out = ["<table class='nbdist-status' style='border-collapse:collapse;font-size:12px'>",
+    out = ["<table class='nbdist-status' cellpadding='4' "
+           "style='border-collapse:collapse;font-size:12px'>",
            "<tr><th align=left>rank</th><th align=left>name</th><th align=left>state</th>"
            "<th align=left>CPU</th><th align=right>mem MB</th></tr>"]
     for r in rows:
