@@ -36,6 +36,7 @@ _GET = "_ZN5torch11distributed3rpc11RRefContext11getInstanceEv"
 _CTX = "_ZZN5torch11distributed3rpc11RRefContext11getInstanceEvE7context"
 _GUARD = "_ZGVZN5torch11distributed3rpc11RRefContext11getInstanceEvE7context"
 _NEXT_ID = "_ZN5torch11distributed3rpc11RRefContext12nextLocalId_E"
+_DTOR = "_ZN5torch11distributed3rpc11RRefContextD1Ev"
 _LOCAL_ID = re.compile(r"local_id=(\d+)")
 
 
@@ -99,15 +100,26 @@ def available() -> bool:
 
 
 def reset_singleton() -> bool:
-    """Forget the RRef context so the next ``init_rpc`` gets a fresh one; True if done."""
+    """Forget the RRef context so the next ``init_rpc`` gets a fresh one; True if done.
+
+    The old context is destructed in place (its memory is left allocated, since torch never
+    frees it either): that drops its reference to the shut-down agent, whose threads and
+    sockets would otherwise outlive every world (16 threads and ~50 descriptors each).
+    """
     addrs = _addresses()
     if addrs is None:
         return False
     ctx, guard, _ = addrs
     if ctypes.c_uint8.from_address(guard).value == 0:
         return True  # never built in this process: nothing to forget
+    old = ctypes.c_uint64.from_address(ctx).value
     ctypes.c_uint64.from_address(ctx).value = 0
     ctypes.c_uint64.from_address(guard).value = 0
+    if old:
+        dtor = getattr(ctypes.PyDLL(_libtorch_cpu()), _DTOR)  # PyDLL: keep the GIL
+        dtor.argtypes = [ctypes.c_void_p]
+        dtor.restype = None
+        dtor(ctypes.c_void_p(old))
     return True
 
 

@@ -36,6 +36,9 @@ def test_rref_context_symbols_are_found():
 
     assert rref_reset.available(), "libtorch's RRefContext symbols moved: restarts with RRefs " \
                                    "in the notebook will break; update nbdist/rref_reset.py"
+    import ctypes
+
+    assert hasattr(ctypes.PyDLL(rref_reset._libtorch_cpu()), rref_reset._DTOR)
 
 
 def test_async_execution_marker_attribute():
