@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
                 if proc.returncode != 0 or res is None:
                     raise RuntimeError(f"{v}: exited {proc.returncode}\n{proc.stderr[-3000:]}")
                 rows[v].append(res)
-                print(f"round {rnd + 1} {v:12} cold {res['cold']:6.2f}s  restarts "
+                print(f"round {rnd + 1} {v:18} cold {res['cold']:6.2f}s  restarts "
                       + " ".join(f"{x:.2f}" for x in res["restart"])
                       + f"  (load {os.getloadavg()[0]:.1f})", flush=True)
     except BaseException as exc:  # noqa: BLE001
@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(tmp, ignore_errors=True)
     summary = {}
     print(f"\nN={args.n}, load {load0:.1f} -> {os.getloadavg()[0]:.1f}; medians:")
-    print(f"{'variant':12} {'cold s':>7} {'cold CPU':>8} {'restart s':>9} {'restart CPU':>11}")
+    print(f"{'variant':18} {'cold s':>7} {'cold CPU':>8} {'restart s':>9} {'restart CPU':>11}")
     for v, rs in rows.items():
         if not rs:
             continue
@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
              "restart": statistics.median(x for r in rs for x in r["restart"]),
              "restart_cpu": statistics.median(x for r in rs for x in r["restart_cpu"])}
         summary[v] = s
-        print(f"{v:12} {s['cold']:7.2f} {s['cold_cpu']:8.2f} {s['restart']:9.2f} "
+        print(f"{v:18} {s['cold']:7.2f} {s['cold_cpu']:8.2f} {s['restart']:9.2f} "
               f"{s['restart_cpu']:11.2f}")
     out = HERE / "results" / "startup_whatif.json"
     out.write_text(json.dumps({"n": args.n, "nbdist": version, "load_start": load0,

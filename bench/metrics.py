@@ -13,9 +13,10 @@
    flusher that ships the records included). Also the delay from ``log`` on a worker to the
    record's arrival on rank 0.
 3. **RPC latency**: ``rpc_sync`` echo of a one-element tensor to one worker, with nbdist's
-   tracing on, tracing off, and in a plain torch world (two processes that never import
-   nbdist: ``bench/_raw_rpc.py``); blocks of ``--calls`` calls, the three taking turns in
-   rotating order, ``--blocks`` times. Overhead of tracing = median(on) / median(off) - 1.
+   tracing on, tracing off (twice: the second is an A/A control that shows the noise), and
+   in a plain torch world (two processes that never import nbdist: ``bench/_raw_rpc.py``);
+   blocks of ``--calls`` calls, the modes taking turns in rotating order, ``--blocks`` times.
+   Overhead of tracing = median(on) / median(off) - 1, also per round and best block.
 4. **Drawing**: milliseconds to draw each dashboard panel from 4 ranks x 5,000 points.
 
 Writes ``bench/results/metrics.json`` and ``bench/results/metrics.md`` and prints them.
@@ -55,17 +56,32 @@ HERE = Path(__file__).resolve().parent
 SLOW_SETUP = """
 import time, torch, nbdist
 torch.manual_seed(0)
-_net = torch.nn.Sequential(torch.nn.Linear(4, 128), torch.nn.ReLU(), torch.nn.Linear(128, 2))
+_nets = {
+    "tiny": torch.nn.Sequential(torch.nn.Linear(4, 128), torch.nn.ReLU(), torch.nn.Linear(128, 2)),
+    "small": torch.nn.Sequential(torch.nn.Linear(4, 512), torch.nn.ReLU(),
+                                 torch.nn.Linear(512, 512), torch.nn.ReLU(),
+                                 torch.nn.Linear(512, 2)),
+}
 _obs = torch.randn(1, 4)
 
-def _policy_loop(n, log):
+def _policy_loop(n, log, net="tiny"):
     w0, c0 = time.perf_counter(), time.process_time()
+    f = _nets[net]
     with torch.no_grad():
         for i in range(n):
-            probs = torch.softmax(_net(_obs), dim=1)
+            probs = torch.softmax(f(_obs), dim=1)
             if log:
                 nbdist.log(reward=0.5, step=i)
     return time.perf_counter() - w0, time.process_time() - c0
+
+def _alternate(steps, reps, net):
+    # both ways, taking turns, reps times: ([(wall, cpu)] without log, [...] with log)
+    out = {False: [], True: []}
+    for rep in range(reps):
+        for log in ((True, False) if rep % 2 == 0 else (False, True)):
+            out[log].append(_policy_loop(steps, log, net))
+        time.sleep(0.01)
+    return out[False], out[True]
 
 def _bare_log(n):
     c0 = time.process_time()
@@ -108,7 +124,7 @@ def bench_stream(c: nbdist.Cluster, records: int) -> dict:
             "all_arrived_in_order": in_order}
 
 
-def bench_slowdown(c: nbdist.Cluster, steps: int, reps: int) -> dict:
+def bench_slowdown(c: nbdist.Cluster, steps: int, reps: int, net: str = "tiny") -> dict:
     """Policy loop with vs without a log per step, on every worker at once.
 
     Best-of (min) is the headline: on a shared machine other load only ever adds time, to
@@ -127,13 +143,13 @@ def bench_slowdown(c: nbdist.Cluster, steps: int, reps: int) -> dict:
     cpu: dict[bool, list[float]] = {True: [], False: []}
     bare: list[float] = []
     try:
-        for rep in range(reps):
-            for log in ((True, False) if rep % 2 == 0 else (False, True)):
-                for w, p in _values(c.run(f"_policy_loop({steps}, {log})", show=False)).values():
-                    wall[log].append(w)
-                    cpu[log].append(p)
-            for w in _values(c.run(f"_bare_log({steps * 5})", show=False)).values():
-                bare.append(w)
+        for off, on in _values(c.run(f"_alternate({steps}, {reps}, {net!r})",
+                                     show=False)).values():
+            for log, runs in ((False, off), (True, on)):
+                wall[log].extend(w for w, _ in runs)
+                cpu[log].extend(p for _, p in runs)
+        for _ in range(5):
+            bare.extend(_values(c.run(f"_bare_log({steps * 5})", show=False)).values())
         time.sleep(0.3)
     finally:
         metrics.unsubscribe(arrival)
@@ -144,7 +160,7 @@ def bench_slowdown(c: nbdist.Cluster, steps: int, reps: int) -> dict:
         return round((pick(series[True]) / pick(series[False]) - 1) * 100, 2)
 
     return {
-        "workers": c.world_size - 1, "steps": steps, "reps": reps,
+        "workers": c.world_size - 1, "net": net, "steps": steps, "reps": reps,
         "step_us_without_log": round(min(wall[False]) / steps * 1e6, 2),
         "step_us_with_log": round(min(wall[True]) / steps * 1e6, 2),
         "slowdown_wall_pct_best": pct(min, wall),
@@ -207,18 +223,19 @@ def bench_rpc(c: nbdist.Cluster, calls: int, blocks: int) -> dict:
     """rpc_sync echo latency: nbdist tracing on, off, and plain torch, taking turns."""
     dest = c.names[1]
     raw = RawWorld()
-    lat: dict[str, list[float]] = {"tracing on": [], "tracing off": [], "plain torch": []}
+    lat: dict[str, list[float]] = {"tracing on": [], "tracing off": [], "plain torch": [],
+                                   "tracing off (A/A control)": []}
     block_medians: dict[str, list[float]] = {k: [] for k in lat}
     try:
         _nbdist_block(dest, 200)  # warm up both
         raw.block(200)
         order = list(lat)
         for b in range(blocks):
-            for mode in order[b % 3:] + order[: b % 3]:
+            for mode in order[b % 4:] + order[: b % 4]:
                 if mode == "plain torch":
                     got = raw.block(calls)
                 else:
-                    tracing.enable(mode == "tracing on", everywhere=False)
+                    tracing.enable(mode == "tracing on", everywhere=False)  # off for A/A too
                     got = _nbdist_block(dest, calls)
                 lat[mode].extend(got)
                 block_medians[mode].append(statistics.median(got))
@@ -242,6 +259,11 @@ def bench_rpc(c: nbdist.Cluster, calls: int, blocks: int) -> dict:
         "tracing_overhead_us_paired": round(statistics.median(
             a - b for a, b in zip(block_medians["tracing on"], block_medians["tracing off"],
                                   strict=True)), 1),
+        "noise_us_paired_a_a": round(statistics.median(
+            a - b for a, b in zip(block_medians["tracing off (A/A control)"],
+                                  block_medians["tracing off"], strict=True)), 1),
+        "tracing_overhead_pct_best": round(
+            (min(block_medians["tracing on"]) / min(block_medians["tracing off"]) - 1) * 100, 2),
         "nbdist_on_vs_plain_torch_pct": round((med["tracing on"] / med["plain torch"] - 1)
                                               * 100, 2),
         "traced_calls_counted": traced.total(),
@@ -279,29 +301,34 @@ def bench_draw(reps: int = 3) -> dict:
 
 def _markdown(res: dict) -> str:
     s, r, d = res["stream"], res["rpc"], res["draw_ms"]
-    w1, w4 = res["slowdown_1"], res["slowdown_4"]
+    w1 = res["slowdown"][-1]
     lines = [
         "# Metrics stream and RPC tracing (bench/metrics.py)", "",
         f"{res['when']} · {res['cores']} cores · load average (1m) {res['load_start']} at start,"
         f" {res['load_end']} at end · torch {res['torch']} · Python {res['python']}", "",
         "## Stream: 4 ranks logging as fast as they can", "",
-        "| ranks x records | end-to-end records/s | nbdist.log per call | all arrived in order |",
+        "| ranks x records | end-to-end records/s | wall time per log in the loop (4 ranks "
+        "sharing 2 cores) | all arrived in order |",
         "|---|---|---|---|",
         f"| {s['ranks']} x {s['records_per_rank']:,} | {s['records_per_s']:,} | "
         f"{s['log_call_us_median']} µs | {s['all_arrived_in_order']} |", "",
         "## Slowdown of a worker's loop by logging every step", "",
-        f"Policy steps (`Linear(4,128)-ReLU-Linear(128,2)-softmax` on one observation), "
-        f"{w1['steps']:,} per loop, {w1['reps']} repetitions each way, taking turns. Best-of "
-        "(min) time: other load on a shared machine only adds. CPU = the worker process's CPU "
-        "time, all threads (the flusher that ships the records included).", "",
-        "| workers | step without log | step with log | slowdown wall (best / median) | "
-        "slowdown CPU (best / median) | nbdist.log alone | log → rank 0 p50 / p95 |",
-        "|---|---|---|---|---|---|---|",
-        *[f"| {x['workers']} | {x['step_us_without_log']} µs | {x['step_us_with_log']} µs | "
+        "Policy steps on one observation: `tiny` = `Linear(4,128)-ReLU-Linear(128,2)-softmax`, "
+        "`small` = `Linear(4,512)-ReLU-Linear(512,512)-ReLU-Linear(512,2)-softmax`; "
+        f"{w1['reps']} loops each way, taking turns inside the "
+        "worker. Best-of (min) time: other load on a shared machine only adds. CPU = the "
+        "worker process's CPU time, all threads (the flusher that ships the records "
+        "included; on a virtual machine it also counts time stolen by the host). "
+        "`nbdist.log alone`: CPU per call of a bare logging loop, flusher included.", "",
+        "| workers | policy | step without log | step with log | slowdown wall (best / median) "
+        "| slowdown CPU (best / median) | nbdist.log alone | log → rank 0 p50 / p95 |",
+        "|---|---|---|---|---|---|---|---|",
+        *[f"| {x['workers']} | {x['net']} | {x['step_us_without_log']} µs | "
+          f"{x['step_us_with_log']} µs | "
           f"{x['slowdown_wall_pct_best']}% / {x['slowdown_wall_pct_median']}% | "
           f"{x['slowdown_cpu_pct_best']}% / {x['slowdown_cpu_pct_median']}% | "
           f"{x['log_call_us_best']} µs | {x['delivery_ms_p50']} / {x['delivery_ms_p95']} ms |"
-          for x in (w1, w4)], "",
+          for x in res["slowdown"]], "",
         "With 4 workers on 2 cores the machine is oversubscribed: rank 0 receiving the records "
         "competes with the workers for the same cores, so wall time shows more than the "
         "worker's own cost.", "",
@@ -315,8 +342,9 @@ def _markdown(res: dict) -> str:
     lines += [
         "", f"Tracing overhead (on vs off): **{r['tracing_overhead_pct']}%** of the median "
         f"({r['tracing_overhead_pct_block_medians']}% by block medians; "
-        f"{r['tracing_overhead_us_paired']} µs per call comparing blocks of the same round); "
-        "nbdist with tracing "
+        f"{r['tracing_overhead_us_paired']} µs per call comparing blocks of the same round, "
+        f"where the A/A control, off vs off, differs by {r['noise_us_paired_a_a']} µs; "
+        f"{r['tracing_overhead_pct_best']}% comparing the best blocks). nbdist with tracing "
         f"vs plain torch: {r['nbdist_on_vs_plain_torch_pct']}%. Calls counted by "
         f"rpc_stats: {r['traced_calls_counted']:,}.", "",
         "## Drawing the dashboard (4 ranks x 5,000 steps, 5,000 RPCs)", "",
@@ -336,10 +364,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     q = args.quick
     records = args.records or (5000 if q else 20000)
-    steps = args.steps or (2000 if q else 5000)
-    reps = args.reps or (4 if q else 8)
-    calls = args.calls or (200 if q else 500)
-    blocks = args.blocks or (6 if q else 15)
+    steps = args.steps or 1000
+    reps = args.reps or (10 if q else 40)
+    calls = args.calls or (100 if q else 150)
+    blocks = args.blocks or (12 if q else 48)
     res: dict = {"when": datetime.datetime.now(datetime.timezone.utc).isoformat(
         timespec="seconds"), "cores": os.cpu_count(), "torch": torch.__version__,
         "python": platform.python_version(), "load_start": round(os.getloadavg()[0], 1)}
@@ -347,11 +375,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         res["stream"] = bench_stream(c, records)
         print("stream:", res["stream"], flush=True)
-        res["slowdown_4"] = bench_slowdown(c, steps, reps)
-        print("slowdown, 4 workers:", res["slowdown_4"], flush=True)
-        c = c.restart(1, quiet=True)
-        res["slowdown_1"] = bench_slowdown(c, steps, reps)
-        print("slowdown, 1 worker:", res["slowdown_1"], flush=True)
+        res["slowdown"] = []
+        for cluster_size in (4, 1):
+            if cluster_size == 1:
+                c = c.restart(1, quiet=True)
+            for net in ("tiny", "small"):
+                row = bench_slowdown(c, steps if net == "tiny" else steps // 4, reps, net)
+                res["slowdown"].append(row)
+                print("slowdown:", row, flush=True)
         tracing.clear()
         res["rpc"] = bench_rpc(c, calls, blocks)
         print("rpc:", res["rpc"], flush=True)

@@ -99,7 +99,7 @@ def _update() -> None:
 def _tensor_bytes(tensors: Any) -> int:
     n = 0
     for t in tensors:
-        n += t.nelement() * t.element_size()
+        n += t.nbytes
     return n
 
 
@@ -107,17 +107,17 @@ def _arg_bytes(args: Any, kwargs: Any) -> int:
     n = 0
     for a in args:
         if isinstance(a, _Tensor):
-            n += a.nelement() * a.element_size()
+            n += a.nbytes
     if kwargs:
         for a in kwargs.values():
             if isinstance(a, _Tensor):
-                n += a.nelement() * a.element_size()
+                n += a.nbytes
     return n
 
 
 def _value_bytes(v: Any) -> int:
     if isinstance(v, _Tensor):
-        return v.nelement() * v.element_size()
+        return v.nbytes
     if isinstance(v, (list, tuple)):
         return _arg_bytes(v, None)
     if isinstance(v, dict):
