@@ -73,3 +73,12 @@ def test_shipped_corpus_and_batches():
     assert x.shape == (4, 4) and torch.equal(y, data[21:25])
     with pytest.raises(ValueError):
         text.batchify(torch.arange(3), 4)
+
+
+@pytest.mark.parametrize("prefix", ["01", "02"])
+def test_tutorial_dashboards_left_a_picture(prefix):
+    """Runs after the notebook tests above: each notebook's live dashboard saved a PNG."""
+    from conftest import NOTEBOOKS
+
+    png = NOTEBOOKS / "_out" / f"{prefix}_dashboard.png"
+    assert png.exists() and png.stat().st_size > 10_000, png
