@@ -393,13 +393,14 @@ class Cluster:
                 self._cv.notify_all()
 
     def _lost(self, info: RankInfo) -> None:
-        """The worker's channel closed: it exited or is about to; the template says how."""
+        """The worker's channel closed: it exited or is about to; the template says how.
+
+        No waiting here: this thread carries every other rank's output, and ``_on_exit``
+        (from the template's reader) records the exit status and wakes any waiter.
+        """
         if info.channel is not None:
             info.channel.close()
             info.channel = None
-        deadline = time.monotonic() + 2.0
-        while info.exit_code is None and time.monotonic() < deadline and not self._stopping:
-            time.sleep(0.01)
 
     def _on_exit(self, pid: int, code: int) -> None:
         for info in self.ranks.values():
