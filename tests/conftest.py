@@ -103,6 +103,23 @@ def run_quick(name: str, timeout: int = 300):
     return nb, cell_text(nb), _time.monotonic() - t0
 
 
+def assert_follows_rules(name: str, forbidden: tuple[str, ...] = ()) -> None:
+    """A committed tutorial notebook: story first, parameters cell, checks, stop, no outputs."""
+    import nbformat
+
+    nb = nbformat.read(str(NOTEBOOKS / name), as_version=4)
+    nbformat.validate(nb)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert nb.cells[0].cell_type == "markdown" and nb.cells[0].source.startswith("# 0")
+    assert 'QUICK = os.environ.get("NBDIST_QUICK") == "1"' in code[0].source
+    assert code[-1].source.strip() == "%dist_stop"
+    assert "assert" in code[-2].source and "all checks passed" in code[-2].source
+    for cell in code:
+        assert not cell.get("outputs") and cell.get("execution_count") is None, cell.source
+        for word in ("%%writefile", "!python", *forbidden):
+            assert word not in cell.source, (word, cell.source)
+
+
 def assert_no_errors(nb) -> None:
     """No cell of an executed notebook left an error output."""
     for cell in nb.cells:

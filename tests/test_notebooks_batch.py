@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import re
 
-import nbformat
 import pytest
-from conftest import NOTEBOOKS, assert_no_errors, run_quick
+from conftest import assert_follows_rules, assert_no_errors, run_quick
 
 from nbdist.tutorials import batching
 
@@ -30,16 +29,7 @@ def _with_data(cell, mime: str) -> list:
 
 @pytest.mark.parametrize("name", [PS_NOTEBOOK, BATCH_NOTEBOOK])
 def test_notebook_is_clean_and_follows_the_rules(name):
-    nb = nbformat.read(str(NOTEBOOKS / name), as_version=4)
-    nbformat.validate(nb)
-    code = [c for c in nb.cells if c.cell_type == "code"]
-    assert nb.cells[0].cell_type == "markdown" and nb.cells[0].source.startswith("# 0")
-    assert 'QUICK = os.environ.get("NBDIST_QUICK") == "1"' in code[0].source
-    assert code[-1].source.strip() == "%dist_stop"
-    assert "assert" in code[-2].source and "all checks passed" in code[-2].source
-    for cell in code:
-        assert not cell.get("outputs") and cell.get("execution_count") is None, cell.source
-        assert "%%writefile" not in cell.source and "!python" not in cell.source
+    assert_follows_rules(name)
 
 
 @pytest.mark.timeout(600)

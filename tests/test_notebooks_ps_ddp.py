@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import re
 
-import nbformat
 import numpy as np
 import pytest
 import torch
-from conftest import NOTEBOOKS, assert_no_errors, run_quick
+from conftest import assert_follows_rules, assert_no_errors, run_quick
 
 from nbdist.tutorials import digits
 
@@ -29,17 +28,7 @@ DDP_NOTEBOOK = "06_ddp_notebook.ipynb"
 # ---------------------------------------------------------------------- the committed files
 @pytest.mark.parametrize("name", [PS_NOTEBOOK, DDP_NOTEBOOK])
 def test_notebook_is_clean_and_follows_the_rules(name):
-    nb = nbformat.read(str(NOTEBOOKS / name), as_version=4)
-    nbformat.validate(nb)
-    code = [c for c in nb.cells if c.cell_type == "code"]
-    assert nb.cells[0].cell_type == "markdown" and nb.cells[0].source.startswith("# 0")
-    assert 'QUICK = os.environ.get("NBDIST_QUICK") == "1"' in code[0].source
-    assert code[-1].source.strip() == "%dist_stop"
-    assert "assert" in code[-2].source and "all checks passed" in code[-2].source
-    for cell in code:
-        assert not cell.get("outputs") and cell.get("execution_count") is None, cell.source
-        assert "%%writefile" not in cell.source and "!python" not in cell.source
-        assert ".cuda()" not in cell.source and "torchvision" not in cell.source
+    assert_follows_rules(name, forbidden=(".cuda()", "torchvision"))
 
 
 # ---------------------------------------------------------------------- the data helper
