@@ -79,7 +79,7 @@ def run_nbdist(n: int) -> dict:
         t5 = time.perf_counter()
         cluster.stop()
         out_stop = time.perf_counter() - t5
-        from nbdist import cluster as _cl
+        from nbdist.cluster import core as _cl
 
         if _cl._template is not None:
             _cl._template.close()

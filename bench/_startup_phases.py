@@ -1,9 +1,10 @@
 """Bench-only instrumentation: where ``nbdist.start`` and ``Cluster.restart`` spend their time.
 
-``install()`` wraps a few methods of ``nbdist.cluster.Cluster`` and ``nbdist.launch.Template``
-(nothing in ``nbdist`` is edited) so that each call appends ``(phase, begin, end)`` in
-``time.perf_counter`` seconds to ``EVENTS``. ``breakdown(since)`` turns the events recorded after
-``since`` into seconds per phase, in the order the phases happen:
+``install()`` wraps a few methods of ``nbdist.cluster.core.Cluster`` and
+``nbdist.proc.launch.Template`` (nothing in ``nbdist`` is edited) so that each call appends
+``(phase, begin, end)`` in ``time.perf_counter`` seconds to ``EVENTS``.
+``breakdown(since)`` turns the events recorded after ``since`` into seconds per phase, in the
+order the phases happen:
 
 - ``stop``: the previous world ends (a restart only): ``Cluster.stop``, of which ``stop_rpc``
   is rank 0's ``rpc.shutdown(graceful=False)``;
@@ -32,14 +33,14 @@ EVENTS: list[tuple[str, float, float]] = []
 PHASES = ("stop", "stop_rpc", "template", "fork", "connect", "init_rpc", "ready", "ping")
 
 _WRAPPED = {
-    ("cluster", "Cluster", "stop"): "stop",
-    ("cluster", "Cluster", "_shutdown_rank0"): "stop_rpc",
-    ("cluster", "Cluster", "_start"): "start",
-    ("launch", "Template", "spawn"): "fork",
-    ("cluster", "Cluster", "_accept_all"): "connect",
-    ("cluster", "Cluster", "_join_as_rank0"): "init_rpc",
-    ("cluster", "Cluster", "_wait_ready"): "ready",
-    ("cluster", "Cluster", "_ping_all"): "ping",
+    ("cluster.core", "Cluster", "stop"): "stop",
+    ("cluster.core", "Cluster", "_shutdown_rank0"): "stop_rpc",
+    ("cluster.core", "Cluster", "_start"): "start",
+    ("proc.launch", "Template", "spawn"): "fork",
+    ("cluster.core", "Cluster", "_accept_all"): "connect",
+    ("cluster.core", "Cluster", "_join_as_rank0"): "init_rpc",
+    ("cluster.core", "Cluster", "_wait_ready"): "ready",
+    ("cluster.core", "Cluster", "_ping_all"): "ping",
 }
 _installed = False
 

@@ -39,7 +39,7 @@ def _eager_quiet_warnings() -> None:
     """``rpc_hooks.quiet_warnings`` as it was before 88ee4d7: imports torch.distributed.optim."""
     import warnings
 
-    from nbdist import rpc_hooks
+    from nbdist.patches import rpc_hooks
 
     for pattern in rpc_hooks.NOISE:
         warnings.filterwarnings("ignore", message=pattern)
@@ -55,7 +55,8 @@ def _eager_quiet_warnings() -> None:
 def _apply_notebook(variant: str) -> None:
     import subprocess as _sp
 
-    from nbdist import launch, rpc_hooks
+    from nbdist.patches import rpc_hooks
+    from nbdist.proc import launch
 
     os.environ[ENV] = variant
     if variant.startswith("optim-"):
@@ -69,7 +70,7 @@ def _apply_notebook(variant: str) -> None:
             return getattr(_sp, attr)
 
         def Popen(self, args: list, **kw: object) -> _sp.Popen:  # noqa: N802
-            if list(args[1:3]) == ["-m", "nbdist.template"]:
+            if list(args[1:3]) == ["-m", "nbdist.proc.template"]:
                 args = [args[0], str(Path(__file__).resolve()), "--template", *args[3:]]
             return real(args, **kw)
 
@@ -79,7 +80,8 @@ def _apply_notebook(variant: str) -> None:
 def _template(fd: int, runtime_dir: str) -> None:
     import gc
 
-    from nbdist import rpc_hooks, template
+    from nbdist.patches import rpc_hooks
+    from nbdist.proc import template
 
     variant = os.environ.get(ENV, "as-is")
     preload = template._preload
@@ -125,7 +127,7 @@ def _measure(variant: str, n: int, restarts: int) -> dict:
             out["restart_phases"].append(phases.breakdown(t0))
     finally:
         c.stop()
-        from nbdist import cluster as _cl
+        from nbdist.cluster import core as _cl
 
         if _cl._template is not None:
             _cl._template.close()

@@ -43,7 +43,7 @@ import torch
 import torch.distributed.rpc as rpc
 
 import nbdist
-from nbdist import metrics, tracing
+from nbdist.telemetry import records, tracing
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _echo import echo  # noqa: E402
@@ -97,9 +97,9 @@ def _values(results: dict) -> dict[int, object]:
 
 def _wait_records(n: int, timeout: float = 120.0) -> float:
     deadline = time.monotonic() + timeout
-    while len(metrics._history) < n:
+    while len(records._history) < n:
         if time.monotonic() > deadline:
-            raise TimeoutError(f"only {len(metrics._history)} of {n} records arrived")
+            raise TimeoutError(f"only {len(records._history)} of {n} records arrived")
         time.sleep(0.001)
     return time.perf_counter()
 
@@ -138,7 +138,7 @@ def bench_slowdown(c: nbdist.Cluster, steps: int, reps: int, net: str = "tiny") 
         now = time.time()
         delays.extend(now - r["time"] for r in records)
 
-    metrics.subscribe(arrival)
+    records.subscribe(arrival)
     wall: dict[bool, list[float]] = {True: [], False: []}
     cpu: dict[bool, list[float]] = {True: [], False: []}
     bare: list[float] = []
@@ -152,7 +152,7 @@ def bench_slowdown(c: nbdist.Cluster, steps: int, reps: int, net: str = "tiny") 
             bare.extend(_values(c.run(f"_bare_log({steps * 5})", show=False)).values())
         time.sleep(0.3)
     finally:
-        metrics.unsubscribe(arrival)
+        records.unsubscribe(arrival)
     nbdist.clear_history()
     delays.sort()
 

@@ -129,7 +129,7 @@ def _reap_zombies() -> None:
 
 
 def _own_template() -> set[int]:
-    from nbdist import cluster as _cl
+    from nbdist.cluster import core as _cl
 
     t = _cl._template
     return {t.pid} if t is not None and t.pid is not None and t.alive() else set()
@@ -553,7 +553,7 @@ def _snapshot(dest: Path) -> Path:
     """Copy nbdist's sources to ``dest/nbdist`` and make this run and its children use them.
 
     The working tree is shared and changes under a long run; the copy keeps every contender on
-    one version. This process and its children run in ``dest`` (``python -m nbdist.template``
+    one version. This process and its children run in ``dest`` (``python -m nbdist.proc.template``
     puts the working directory first on ``sys.path``) with ``dest`` first on ``PYTHONPATH``.
     """
     shutil.copytree(HERE.parent / "nbdist", dest / "nbdist",
@@ -638,7 +638,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _check_snapshot(src, "this process", nbdist.__file__)
         nbdist.start(1, quiet=True).stop()  # warm this process's template up, untimed
-        from nbdist import cluster as _cl
+        from nbdist.cluster import core as _cl
 
         assert _cl._template is not None and _cl._template.pid is not None
         _check_snapshot(src, "the template", psutil.Process(_cl._template.pid).cwd())
@@ -671,7 +671,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _cleanup(bench: Bench, error: str | None) -> str | None:
     """Stop nbdist here and its template, kill anything else still running; say what."""
-    from nbdist import cluster as _cl
+    from nbdist.cluster import core as _cl
 
     try:
         if bench.cluster is not None:

@@ -18,8 +18,8 @@ from .errors import (
     StartError,
     WorkerDiedError,
 )
-from .metrics import clear_history, export_history, history, history_frame, log
-from .tracing import rpc_stats
+from .telemetry.records import clear_history, export_history, history, history_frame, log
+from .telemetry.tracing import rpc_stats
 
 __version__ = "0.1.0"
 

@@ -14,7 +14,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class, no_var_expand
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from . import cluster as _cluster
+from .cluster import core as _cluster
 from .errors import ClusterStateError
 
 __all__ = ["DistMagics"]
@@ -195,7 +195,7 @@ class DistMagics(Magics):
         if not args.local:
             c.run(cell, ranks=targets, timeout=args.timeout)
             return
-        from .spmd import run_with_local
+        from .cluster.spmd import run_with_local
 
         run_with_local(c, self.shell, cell, targets, args.timeout)
 

@@ -144,7 +144,7 @@ def no_leftover_processes():
     """Every test must leave no child processes behind (the template may idle; it's ours)."""
     before = _descendants()
     yield
-    import nbdist.cluster as cl
+    import nbdist.cluster.core as cl
 
     template_pid = cl._template.pid if cl._template is not None else None
     extra = _descendants() - before - {template_pid}

@@ -14,8 +14,8 @@ from conftest import ARTIFACTS
 from nbclient import NotebookClient
 
 import nbdist
-from nbdist import tracing
-from nbdist.display import Dashboard, close_all, record_timing, timing
+from nbdist.display import Dashboard, close_all, record_timing
+from nbdist.telemetry import timing, tracing
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

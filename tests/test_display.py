@@ -7,8 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from nbdist.display import render, timing
+from nbdist.display import render
 from nbdist.display.collect import SeriesStore
+from nbdist.telemetry import timing
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

@@ -138,7 +138,7 @@ def test_ctrl_c_during_blocking_rpc_interrupts_remote_work(world):
         rpc.rpc_sync("worker1", _remote_spin)
     assert time.monotonic() - sent[0] < 3.0  # 2 s asked; slack for a loaded CI machine
     ok = _poll(lambda: c.run("state['stopped']", show=False) == {1: "True"}, 3.0)
-    assert ok, c.run("import nbdist.rpc_hooks as h\n(state, h._active)", show=False)
+    assert ok, c.run("import nbdist.patches.rpc_hooks as h\n(state, h._active)", show=False)
     assert rpc.rpc_sync("worker1", os.getpid) == c.ranks[1].pid
 
 

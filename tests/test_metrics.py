@@ -12,7 +12,7 @@ import torch
 import torch.distributed.rpc as rpc
 
 import nbdist
-from nbdist import metrics
+from nbdist.telemetry import records as metrics
 
 
 def _wait_for(pred, timeout: float = 10.0, what: str = "records"):

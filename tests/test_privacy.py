@@ -8,7 +8,7 @@ import stat
 
 import psutil
 
-import nbdist.cluster as cl
+import nbdist.cluster.core as cl
 
 
 def _listening(pids: list[int]) -> list:
@@ -38,7 +38,7 @@ def test_only_loopback_listeners_and_private_files(world):
 def test_control_socket_rejects_a_process_without_the_key(world):
     import pytest
 
-    from nbdist.channel import connect
+    from nbdist.proc.channel import connect
 
     c = world(1)
     with pytest.raises((ConnectionError, EOFError, OSError)):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from nbdist.quiet import filter_lines
+from nbdist.patches.quiet import filter_lines
 
 TRACE = [
     b"[E1121 09:15:33.120 rref_impl.cpp:108] Error occurred when deletingUserRRef(rref_id=G"

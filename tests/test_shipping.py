@@ -151,7 +151,7 @@ def test_submodule_scan_is_cached_but_still_correct():
 
     import cloudpickle
 
-    from nbdist import shipping
+    from nbdist.patches import shipping
 
     ns = {"__name__": "__main__"}  # as in a notebook cell
     exec("import concurrent\ndef f():\n    return concurrent.futures.ThreadPoolExecutor\n", ns)

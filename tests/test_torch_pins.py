@@ -32,10 +32,10 @@ def test_rpc_internals_patched_by_nbdist_exist():
 
 
 def test_rref_context_symbols_are_found():
-    from nbdist import rref_reset
+    from nbdist.patches import rref_reset
 
     assert rref_reset.available(), "libtorch's RRefContext symbols moved: restarts with RRefs " \
-                                   "in the notebook will break; update nbdist/rref_reset.py"
+                                   "in the notebook will break; update nbdist/patches/rref_reset.py"
     import ctypes
 
     assert hasattr(ctypes.PyDLL(rref_reset._libtorch_cpu()), rref_reset._DTOR)

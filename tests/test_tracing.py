@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.distributed.rpc as rpc
 
-from nbdist import tracing
+from nbdist.telemetry import tracing
 
 
 class Counter:

@@ -36,7 +36,7 @@ def test_bad_dist_start_says_what_to_do_and_starts_nothing(ipython, line, words)
     import nbdist
 
     assert nbdist.current() is None
-    import nbdist.cluster as cl
+    import nbdist.cluster.core as cl
 
     template = {cl._template.pid} if cl._template is not None else set()
     assert _children() - before - template == set()
@@ -50,7 +50,7 @@ def test_size_beyond_machine_says_why(ipython):
 
 
 def test_no_world_errors(ipython, monkeypatch):
-    import nbdist.cluster as cl
+    import nbdist.cluster.core as cl
 
     monkeypatch.setattr(cl, "_last", None)  # as in a fresh kernel
     with pytest.raises(UsageError, match="no nbdist world is running"):

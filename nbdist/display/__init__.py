@@ -7,8 +7,8 @@ rates, cluster status and batched-vs-unbatched timings, updating while cells run
 
 from __future__ import annotations
 
+from ..telemetry.timing import clear_timings, record_timing, timings
 from .live import Dashboard, close_all, dashboard
-from .timing import clear_timings, record_timing, timings
 
 __all__ = [
     "Dashboard",

@@ -9,8 +9,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
-from .. import metrics
-from .timing import from_record
+from ..telemetry.records import META, follow, generation, unsubscribe
+from ..telemetry.timing import from_record
 
 __all__ = ["SeriesStore"]
 
@@ -41,13 +41,13 @@ class SeriesStore:
             self.timings.clear()
             self.timings_version += 1
             self.count = 0
-            rows, self._generation = metrics.follow(self.add)
+            rows, self._generation = follow(self.add)
             self._attached = True
             self._add(rows)
 
     def detach(self) -> None:
         """Stop following the metrics stream."""
-        metrics.unsubscribe(self.add)
+        unsubscribe(self.add)
         self._attached = False
 
     def add(self, records: Sequence[dict]) -> None:
@@ -69,7 +69,7 @@ class SeriesStore:
                     self.timings_version += 1
                     continue
             for key, v in rec.items():
-                if key in metrics.META or type(v) not in _NUMBER:
+                if key in META or type(v) not in _NUMBER:
                     continue
                 per = series.get(key)
                 if per is None:
@@ -94,7 +94,7 @@ class SeriesStore:
 
     def snapshot(self, keys: Sequence[str] | None = None) -> dict[str, dict[int, tuple]]:
         """Copies of the curves of ``keys`` (all if None); starts over after clear_history."""
-        if self._attached and self._generation != metrics.generation():
+        if self._attached and self._generation != generation():
             self.attach()
         with self._lock:
             wanted = list(self._series) if keys is None else [k for k in keys]

@@ -27,8 +27,8 @@ from collections.abc import Sequence
 from time import perf_counter
 from typing import Any
 
-from .. import metrics, tracing
-from . import render, timing
+from ..telemetry import records, timing, tracing
+from . import render
 from .collect import SeriesStore
 
 __all__ = ["Dashboard", "close_all", "dashboard"]
@@ -96,8 +96,8 @@ class Dashboard:
     def _status_rows(self, force: bool = False) -> list[dict]:
         now = perf_counter()
         if force or now - self._status_at >= STATUS_EVERY:
-            from ..cluster import current
-            from ..status import collect_status
+            from ..cluster.core import current
+            from ..cluster.status import collect_status
 
             c = current()
             self._rows = collect_status(c).rows if c is not None else []
@@ -125,7 +125,7 @@ class Dashboard:
                 f"{tracing.total_calls():,} RPCs traced, {when}")
 
     def _versions(self) -> dict[str, Any]:
-        return {"metrics": (self.store.version, metrics.generation(), tuple(self.plot_keys())),
+        return {"metrics": (self.store.version, records.generation(), tuple(self.plot_keys())),
                 "rpc": tracing.version(),
                 "timings": (timing.timings_version(), self.store.timings_version)}
 

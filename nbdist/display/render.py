@@ -9,8 +9,8 @@ The data shapes:
 - ``series``: ``{key: {rank: (steps, values)}}``, one curve per rank and logged value;
 - ``names``: ``{rank: name}`` for legends;
 - ``samples``: RPC calls ``(wall time, caller, callee, function, latency s, bytes)``
-  (``nbdist.tracing.samples()``);
-- ``rows``: status rows as ``nbdist.status.collect_status`` makes them (``rank``, ``name``,
+  (``nbdist.telemetry.tracing.samples()``);
+- ``rows``: status rows as ``nbdist.cluster.status.collect_status`` makes them (``rank``, ``name``,
   ``alive``, ``state``, ``cpu``, ``mem_mb``);
 - ``timings``: ``{"observers", "mode", "seconds"}`` dicts (``nbdist.display.record_timing``).
 """

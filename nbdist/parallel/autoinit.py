@@ -44,7 +44,7 @@ class _OtherRanks:
 
 def _init_everywhere(worker_init_fn: Callable[[], Any]) -> None:
     """In a running world: ``worker_init_fn`` on every rank (from the notebook) or here."""
-    from .. import cluster
+    from ..cluster import core as cluster
 
     if cluster.current() is None or get_world_size() == 1:
         worker_init_fn()
@@ -59,7 +59,7 @@ def _run_in_new_world(func: Callable[..., Any], args: tuple, kwargs: dict,
                       rpc_backend_options: Any) -> Any:
     import torch.distributed.rpc as rpc
 
-    from .. import rpc_hooks, shipping
+    from ..patches import rpc_hooks, shipping
 
     info = get_world_info()
     tmp = None

@@ -204,7 +204,7 @@ def remote_sync_call(func: Callable[..., Any], *, args: Sequence[Any] | None = N
     at once when a rank it waits on dies; the reducer runs in the calling thread.
     """
     from ..errors import WorkerDiedError
-    from ..rpc_hooks import wait_future
+    from ..patches.rpc_hooks import wait_future
 
     launched = _launch(func, args, kwargs, partitioner, timeout)
     for part, fut in zip(launched.parts, launched.futures, strict=True):

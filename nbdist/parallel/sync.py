@@ -43,7 +43,7 @@ _waiting: dict[tuple[str, ...], dict[str, Any]] = {}  # group -> name -> its fut
 def _state() -> dict[tuple[str, ...], dict[str, Any]]:
     """The leader's arrivals, forgotten when this process joined a different world."""
     global _owner
-    from .. import cluster
+    from ..cluster import core as cluster
 
     owner = cluster.current()
     if owner is not _owner:
@@ -103,7 +103,7 @@ def _abandon(group: tuple[str, ...], reason: str) -> list[str]:
 
 def _dead(group: tuple[str, ...]) -> str | None:
     """On the notebook of an nbdist world: a member of the group that has died, described."""
-    from .. import cluster
+    from ..cluster import core as cluster
 
     c = cluster.current()
     if c is None:
@@ -182,7 +182,7 @@ def _lead(group: tuple[str, ...], me: str, timeout: float) -> None:
 
 def _follow(group: tuple[str, ...], me: str, leader: str, timeout: float) -> None:
     from ..errors import WorkerDiedError
-    from ..rpc_hooks import wait_future
+    from ..patches.rpc_hooks import wait_future
 
     what = f"barrier over {', '.join(group)}"
     fut = _rpc.rpc_async(leader, _arrive, args=(group, me), timeout=timeout)

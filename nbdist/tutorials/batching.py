@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import optim
 from torch.distributions import Categorical
 
-from ..metrics import log
+from ..telemetry.records import log
 
 __all__ = [
     "MODES",

@@ -22,7 +22,7 @@ import types
 from datetime import timedelta
 from typing import Any
 
-from . import rpc_hooks, shipping
+from ..patches import rpc_hooks, shipping
 from .channel import Channel, connect
 from .output import ChannelStream, capture_fds
 
@@ -76,9 +76,9 @@ def run_forked(cfg: dict) -> None:
             raise RuntimeError(f"rank {_rank} fails at start-up on purpose "
                                "(NBDIST_TEST_FAIL_RANK is set)")
         _join_world(cfg)
-        from . import metrics
+        from ..telemetry import records
 
-        metrics._start_worker_flusher(_channel, _rank, cfg["name"])
+        records._start_worker_flusher(_channel, _rank, cfg["name"])
         _channel.send(("ready", _rank, os.getpid()))
         _serve(main.__dict__)
     except BaseException:
@@ -114,19 +114,19 @@ def _setup_output(cfg: dict) -> None:
 
 def _flush_streams() -> None:
     """After each RPC function: printed output and logged metrics go before the reply."""
-    from . import metrics
+    from ..telemetry import records
 
     if _channel is not None:
-        metrics.flush_worker(_channel, _rank)
+        records.flush_worker(_channel, _rank)
     for s in _streams:
         s.flush()
 
 
 def _flush_all() -> None:
-    from . import metrics
+    from ..telemetry import records
 
     if _channel is not None:
-        metrics.flush_worker(_channel, _rank)
+        records.flush_worker(_channel, _rank)
     for s in _streams:
         try:
             s.flush()
@@ -143,7 +143,7 @@ def _join_world(cfg: dict) -> None:
     shipping.install()
     rpc_hooks.install_callee(after_call=_flush_streams)
     rpc_hooks.install_caller()
-    from . import tracing
+    from ..telemetry import tracing
 
     tracing.install(_rank, cfg["name"])
     opts = rpc.TensorPipeRpcBackendOptions(init_method=cfg["rpc_init"],
@@ -151,7 +151,7 @@ def _join_world(cfg: dict) -> None:
                                            num_worker_threads=cfg["rpc_threads"])
     rpc.init_rpc(cfg["name"], rank=_rank, world_size=cfg["world_size"],
                  rpc_backend_options=opts)
-    from . import rref_reset
+    from ..patches import rref_reset
 
     rref_reset.start_ids_at(cfg["epoch"])  # RRef ids unlike any of an earlier world
     shipping.register_patched("torch.distributed.rpc", "torch.distributed.rpc.api")

@@ -50,7 +50,7 @@ _history: list[dict] = []
 _subscribers: list[Callable[[list[dict]], None]] = []
 _internal: dict[str, Callable[[dict], None]] = {}
 # internal record kinds and the module that registers a handler for them when imported
-_PROVIDERS = {"trace": "nbdist.tracing", "timing": "nbdist.display.timing"}
+_PROVIDERS = {"trace": "nbdist.telemetry.tracing", "timing": "nbdist.telemetry.timing"}
 _rank = 0
 _name = "worker0"
 _generation = 0  # bumped by clear_history, so displays know to start over

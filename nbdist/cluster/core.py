@@ -8,7 +8,6 @@ wait polls with a deadline and checks whether the rank it waits on is still aliv
 from __future__ import annotations
 
 import atexit
-import glob
 import itertools
 import os
 import shutil
@@ -21,9 +20,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import wait as wait_any
 from typing import Any
 
-from . import metrics, quiet, rpc_hooks, rref_reset, shipping
-from .channel import Channel, Listener
-from .errors import (
+from ..errors import (
     ClusterStateError,
     DistCellError,
     DistTimeoutError,
@@ -31,9 +28,13 @@ from .errors import (
     StartError,
     WorkerDiedError,
 )
-from .launch import Template, describe_exit
-from .output import Router
-from .spec import WorldSpec, parse_ranks
+from ..patches import quiet, rpc_hooks, rref_reset, shipping
+from ..proc.channel import Channel, Listener
+from ..proc.launch import Template, describe_exit
+from ..proc.output import Router
+from ..proc.runtime import pid_alive, runtime_dir
+from ..spec import WorldSpec, parse_ranks
+from ..telemetry import records
 from .status import StatusTable, collect_status
 
 __all__ = ["Cluster", "current", "start", "stop"]
@@ -80,28 +81,11 @@ def last_spec() -> WorldSpec | None:
 
 
 def _runtime() -> str:
-    """This process's private runtime directory (0700); stale ones of dead processes go."""
+    """This process's private runtime directory, made on first use."""
     global _runtime_dir
     if _runtime_dir is None or not os.path.isdir(_runtime_dir):
-        base = os.path.join(tempfile.gettempdir(), f"nbdist-{os.getuid()}")
-        os.makedirs(base, mode=0o700, exist_ok=True)
-        os.chmod(base, 0o700)
-        for stale in glob.glob(os.path.join(base, "p*-*")):
-            pid = int(os.path.basename(stale)[1:].split("-")[0])
-            if not _pid_alive(pid):
-                shutil.rmtree(stale, ignore_errors=True)
-        _runtime_dir = tempfile.mkdtemp(prefix=f"p{os.getpid()}-", dir=base)
+        _runtime_dir = runtime_dir()
     return _runtime_dir
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _get_template() -> Template:
@@ -201,7 +185,7 @@ class Cluster:
                 raise
             raise StartError(f"could not start the world: {exc}") from exc
         self.startup_seconds = time.monotonic() - t0
-        metrics._set_identity(0, self.names[0])
+        records._set_identity(0, self.names[0])
         if not quiet:
             print(f"nbdist: {spec.world_size} ranks ready in {self.startup_seconds:.2f}s: "
                   + ", ".join(f"{r}={nm}" for r, nm in enumerate(self.names)))
@@ -258,7 +242,7 @@ class Cluster:
         rpc_hooks.install_callee()
         rpc_hooks.install_caller()
         rpc_hooks.quiet_warnings()
-        from . import tracing
+        from ..telemetry import tracing
 
         tracing.install(0, self.names[0])
         opts = rpc.TensorPipeRpcBackendOptions(init_method=f"file://{self._world_dir}/rpc",
@@ -373,7 +357,7 @@ class Cluster:
         if kind == "out":
             self.router.feed(info.rank, info.name, msg[2], msg[3])
         elif kind == "metrics":
-            metrics._deliver(msg[2])
+            records._deliver(msg[2])
         elif kind == "result":
             self.router.flush(info.rank)
             with self._cv:
@@ -630,7 +614,7 @@ class Cluster:
             while any(self.ranks[r].alive for r in self.ranks if r != 0):
                 if not template_up:  # no one will report exits: look for ourselves
                     for r, info in self.ranks.items():
-                        if r and info.alive and not _pid_alive(info.pid):  # type: ignore[arg-type]
+                        if r and info.alive and not pid_alive(info.pid):  # type: ignore[arg-type]
                             info.exit_code = -signal.SIGKILL
                     if not any(self.ranks[r].alive for r in self.ranks if r != 0):
                         break

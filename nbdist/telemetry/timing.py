@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import time
 
-from .. import metrics
+from . import records
 
 __all__ = ["LOG_KEYS", "clear_timings", "from_record", "record_timing", "timings",
            "timings_version"]
@@ -35,8 +35,8 @@ def record_timing(observers: int, mode: str, seconds: float) -> None:
     if not isinstance(mode, str) or not mode:
         raise ValueError(f"record_timing: mode must be a name such as 'batch', got {mode!r}")
     row = {"observers": observers, "mode": mode, "seconds": float(seconds), "time": time.time(),
-           "rank": metrics._rank}
-    metrics.send_internal("timing", row=row)
+           "rank": records._rank}
+    records.send_internal("timing", row=row)
 
 
 def _add(row: dict) -> None:
@@ -50,7 +50,7 @@ def _receive(rec: dict) -> None:
     _add(rec["row"])
 
 
-metrics.register_internal("timing", _receive)
+records.register_internal("timing", _receive)
 
 
 def from_record(rec: dict) -> dict | None:

@@ -48,7 +48,7 @@ from collections.abc import Iterator
 from time import perf_counter
 from typing import Any
 
-from . import metrics
+from . import records
 
 __all__ = [
     "RpcStats",
@@ -337,7 +337,7 @@ def enable(on: bool = True, everywhere: bool = True, timeout: float = 10.0) -> N
     _set_enabled(on)
     if not everywhere:
         return
-    from .cluster import current
+    from ..cluster.core import current
 
     cluster = current()
     if cluster is None:
@@ -418,7 +418,7 @@ def _ship() -> list[dict]:
     """Worker side: this rank's new rows as internal records for the next metrics batch."""
     if not _done:
         return []
-    return [{metrics.INTERNAL: "trace", "caller": _caller, "rows": _take_done()}]
+    return [{records.INTERNAL: "trace", "caller": _caller, "rows": _take_done()}]
 
 
 def _receive(rec: dict) -> None:
@@ -426,7 +426,7 @@ def _receive(rec: dict) -> None:
     _add(rec["caller"], rec["rows"])
 
 
-metrics.register_internal("trace", _receive, source=_ship)
+records.register_internal("trace", _receive, source=_ship)
 
 
 def version() -> int:

@@ -16,7 +16,7 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any
 
-from .errors import DistTimeoutError
+from ..errors import DistTimeoutError
 
 __all__ = ["Channel", "Listener", "connect"]
 

@@ -1,6 +1,6 @@
 """How worker processes are started, watched and killed, seen from the notebook.
 
-``Template`` owns the warm template process (``nbdist.template``): it starts it, asks it to
+``Template`` owns the warm template process (``nbdist.proc.template``): it starts it, asks it to
 fork workers, learns their exit statuses from it, and can signal them through it. The template
 outlives single worlds so a restart does not pay for ``import torch`` again.
 """
@@ -18,7 +18,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
-from .errors import DistTimeoutError, StartError
+from ..errors import DistTimeoutError, StartError
 
 __all__ = ["Template", "describe_exit"]
 
@@ -65,7 +65,7 @@ class Template:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "nbdist.template", str(theirs.fileno()), self.runtime_dir],
+            [sys.executable, "-m", "nbdist.proc.template", str(theirs.fileno()), self.runtime_dir],
             pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             env=env, close_fds=True,
         )

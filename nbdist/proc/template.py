@@ -1,6 +1,6 @@
 """The warm template process: imports torch once, then forks worker ranks on request.
 
-Started by ``launch.Template`` as ``python -m nbdist.template FD``. It stays single-threaded so
+Started by ``launch.Template`` as ``python -m nbdist.proc.template FD``. It stays single-threaded so
 ``fork`` is safe, ignores SIGINT (interrupts are for the workers), reports every child's exit
 status, and when the notebook goes away (its end of the socket closes) it kills its children,
 removes its runtime directory and exits. It also exits on its own after being idle (no
@@ -28,7 +28,9 @@ def _preload() -> None:
     import torch.distributed.autograd  # noqa: F401
     import torch.distributed.rpc  # noqa: F401
 
-    from . import metrics, rpc_hooks, rref_reset, shipping, tracing, worker  # noqa: F401
+    from ..patches import rpc_hooks, rref_reset, shipping  # noqa: F401
+    from ..telemetry import records, tracing  # noqa: F401
+    from . import worker  # noqa: F401
 
     rpc_hooks.quiet_warnings()  # children inherit the import hook
     rref_reset.available()  # parses libtorch's symbol table once; children inherit the result
