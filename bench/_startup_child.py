@@ -79,10 +79,10 @@ def run_nbdist(n: int) -> dict:
         t5 = time.perf_counter()
         cluster.stop()
         out_stop = time.perf_counter() - t5
-        from nbdist.cluster import core as _cl
+        from nbdist.cluster.session import SESSION as _cl
 
-        if _cl._template is not None:
-            _cl._template.close()
+        if _cl.template is not None:
+            _cl.template.close()
     out["stop"] = out_stop
     return out
 

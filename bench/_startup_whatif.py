@@ -127,10 +127,10 @@ def _measure(variant: str, n: int, restarts: int) -> dict:
             out["restart_phases"].append(phases.breakdown(t0))
     finally:
         c.stop()
-        from nbdist.cluster import core as _cl
+        from nbdist.cluster.session import SESSION as _cl
 
-        if _cl._template is not None:
-            _cl._template.close()
+        if _cl.template is not None:
+            _cl.template.close()
     return out
 
 

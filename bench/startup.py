@@ -129,9 +129,9 @@ def _reap_zombies() -> None:
 
 
 def _own_template() -> set[int]:
-    from nbdist.cluster import core as _cl
+    from nbdist.cluster.session import SESSION as _cl
 
-    t = _cl._template
+    t = _cl.template
     return {t.pid} if t is not None and t.pid is not None and t.alive() else set()
 
 
@@ -638,10 +638,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _check_snapshot(src, "this process", nbdist.__file__)
         nbdist.start(1, quiet=True).stop()  # warm this process's template up, untimed
-        from nbdist.cluster import core as _cl
+        from nbdist.cluster.session import SESSION as _cl
 
-        assert _cl._template is not None and _cl._template.pid is not None
-        _check_snapshot(src, "the template", psutil.Process(_cl._template.pid).cwd())
+        assert _cl.template is not None and _cl.template.pid is not None
+        _check_snapshot(src, "the template", psutil.Process(_cl.template.pid).cwd())
         bench.startup_rounds()
         if 4 in args.workers or args.quick:
             bench.cell_round_trip(4)
@@ -671,16 +671,16 @@ def main(argv: list[str] | None = None) -> int:
 
 def _cleanup(bench: Bench, error: str | None) -> str | None:
     """Stop nbdist here and its template, kill anything else still running; say what."""
-    from nbdist.cluster import core as _cl
+    from nbdist.cluster.session import SESSION as _cl
 
     try:
         if bench.cluster is not None:
             bench.cluster.stop()
-        nbdist_cur = _cl.current()
+        nbdist_cur = _cl.current
         if nbdist_cur is not None:
             nbdist_cur.stop()
-        if _cl._template is not None:
-            _cl._template.close()
+        if _cl.template is not None:
+            _cl.template.close()
     except Exception as exc:  # noqa: BLE001
         error = (error or "") + f"\ncleanup: {exc!r}"
     _sweep("end of run", bench.leftovers, grace=10.0)

@@ -15,6 +15,7 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class, no_
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from .cluster import core as _cluster
+from .cluster.session import SESSION
 from .errors import ClusterStateError
 
 __all__ = ["DistMagics"]
@@ -168,7 +169,7 @@ class DistMagics(Magics):
         """A table of every rank: pid, alive or how it died, CPU %, memory, uptime."""
         if line.strip():
             raise UsageError("%dist_status takes no arguments")
-        c = _cluster._current
+        c = SESSION.current
         if c is None or not c.ranks:
             raise UsageError("no nbdist world is running; start one with `%dist_start N`")
         return c.status()

@@ -144,9 +144,9 @@ def no_leftover_processes():
     """Every test must leave no child processes behind (the template may idle; it's ours)."""
     before = _descendants()
     yield
-    import nbdist.cluster.core as cl
+    from nbdist.cluster.session import SESSION as cl
 
-    template_pid = cl._template.pid if cl._template is not None else None
+    template_pid = cl.template.pid if cl.template is not None else None
     extra = _descendants() - before - {template_pid}
     left = wait_gone(extra, 5.0)
     for pid in left:

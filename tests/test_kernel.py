@@ -12,8 +12,8 @@ from conftest import wait_gone
 from kernel_helpers import Kernel
 
 START = "%load_ext nbdist\n%dist_start 2 --name agent --worker-name obs{rank}"
-PIDS = ("[nbdist.current().worker_pids(), nbdist.cluster.core._template.pid, "
-        "nbdist.cluster.core._runtime_dir]")
+PIDS = ("[nbdist.current().worker_pids(), nbdist.cluster.session.SESSION.template.pid, "
+        "nbdist.cluster.session.SESSION.runtime_dir]")
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import stat
 
 import psutil
 
-import nbdist.cluster.core as cl
+from nbdist.cluster.session import SESSION as cl
 
 
 def _listening(pids: list[int]) -> list:
@@ -22,12 +22,12 @@ def _listening(pids: list[int]) -> list:
 
 def test_only_loopback_listeners_and_private_files(world):
     c = world(2, process_group="gloo")
-    pids = [os.getpid(), *c.worker_pids(), cl._template.pid]
+    pids = [os.getpid(), *c.worker_pids(), cl.template.pid]
     listeners = _listening(pids)
     assert listeners, "expected TensorPipe/Gloo listeners"
     for pid, ip, port in listeners:
         assert ipaddress.ip_address(ip).is_loopback, f"pid {pid} listens on {ip}:{port}"
-    runtime = cl._runtime_dir
+    runtime = cl.runtime_dir
     assert stat.S_IMODE(os.stat(os.path.dirname(runtime)).st_mode) == 0o700
     assert stat.S_IMODE(os.stat(runtime).st_mode) == 0o700
     sock = c._listener.path

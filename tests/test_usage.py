@@ -36,9 +36,9 @@ def test_bad_dist_start_says_what_to_do_and_starts_nothing(ipython, line, words)
     import nbdist
 
     assert nbdist.current() is None
-    import nbdist.cluster.core as cl
+    from nbdist.cluster.session import SESSION as cl
 
-    template = {cl._template.pid} if cl._template is not None else set()
+    template = {cl.template.pid} if cl.template is not None else set()
     assert _children() - before - template == set()
 
 
@@ -50,9 +50,9 @@ def test_size_beyond_machine_says_why(ipython):
 
 
 def test_no_world_errors(ipython, monkeypatch):
-    import nbdist.cluster.core as cl
+    from nbdist.cluster.session import SESSION as cl
 
-    monkeypatch.setattr(cl, "_last", None)  # as in a fresh kernel
+    monkeypatch.setattr(cl, "last_spec", None)  # as in a fresh kernel
     with pytest.raises(UsageError, match="no nbdist world is running"):
         ipython.run_cell_magic("dist", "", "1")
     with pytest.raises(UsageError, match="no nbdist world is running"):

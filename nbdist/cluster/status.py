@@ -1,4 +1,8 @@
-"""``%dist_status``: one row per rank, as a text table and as HTML in a notebook."""
+"""``%dist_status``: one row per rank, as a text table and as HTML in a notebook.
+
+The warm template process outlives worlds, so it gets a row too (rank ``-``, name
+``template``) when its pid is passed to ``collect_status``.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ from typing import Any
 __all__ = ["StatusTable", "collect_status"]
 
 _procs: dict[int, Any] = {}  # pid -> psutil.Process, so cpu_percent has a baseline
+TEMPLATE_RANK = "-"  # the template's row is not a rank of the world
 
 
 def _sample(pid: int | None) -> tuple[float | None, float | None]:
@@ -61,10 +66,29 @@ class StatusTable:
         return f"<table class='nbdist-status'><tr>{head}</tr>{''.join(body)}</table>"
 
     def alive(self) -> dict[int, bool]:
-        return {r["rank"]: r["alive"] for r in self.rows}
+        """``{rank: alive}`` for the world's ranks (the template row is not one)."""
+        return {r["rank"]: r["alive"] for r in self.rows if r["rank"] != TEMPLATE_RANK}
 
 
-def collect_status(cluster: Any) -> StatusTable:
+def _template_row(pid: int, now: float) -> dict:
+    """The warm template process: alive or gone, its CPU, memory and age."""
+    cpu, mem = _sample(pid)
+    alive = mem is not None
+    uptime = None
+    if alive:
+        try:
+            import psutil
+
+            uptime = now - psutil.Process(pid).create_time()
+        except Exception:
+            uptime = None
+    return {"rank": TEMPLATE_RANK, "name": "template", "pid": pid, "alive": alive,
+            "state": "warm template" if alive else "gone", "cpu": cpu, "mem_mb": mem,
+            "uptime": uptime, "exit_code": None}
+
+
+def collect_status(cluster: Any, template_pid: int | None = None) -> StatusTable:
+    """One row per rank of ``cluster``, then the template's row if ``template_pid`` is given."""
     now = time.time()
     rows = []
     for rank in sorted(cluster.ranks):
@@ -81,4 +105,6 @@ def collect_status(cluster: Any) -> StatusTable:
                      "state": state, "cpu": cpu, "mem_mb": mem,
                      "uptime": now - info.started if alive else None,
                      "exit_code": info.exit_code})
+    if template_pid is not None:
+        rows.append(_template_row(template_pid, now))
     return StatusTable(rows)

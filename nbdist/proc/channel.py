@@ -1,61 +1,202 @@
-"""The control channel between the notebook and its workers.
+"""The control channel: framed protocol messages over a private, mutually authenticated socket.
 
-A unix socket inside a private (0700) directory, an HMAC challenge so only processes that were
-handed the key can talk, and pickled messages framed by ``multiprocessing.connection``. Nothing
-here listens on a network interface.
+Security model: a unix socket inside a private (0700) runtime directory; before either side
+reads a message, each proves it holds the world's key (HMAC-SHA256 over the other side's
+fresh nonce, compared in constant time), so a stray or hostile local process can neither
+talk to a worker nor pose as the notebook. Nothing here listens on a network interface.
+
+Frames are written whole: ``send`` only encodes and queues (it is safe to interrupt), and
+one writer thread per channel, which no signal or async exception reaches, does the writes.
+A frame that does not decode is a ``ProtocolError`` for that frame alone (see protocol.py).
 """
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import hmac
 import os
+import select
 import socket
 import threading
 import time
-from multiprocessing.connection import Connection
-from typing import Any
 
 from ..errors import DistTimeoutError
+from .protocol import HEADER, Message, decode, encode, frame_length
 
-__all__ = ["Channel", "Listener", "connect"]
+__all__ = ["Channel", "ChannelClosed", "HandshakeError", "Listener", "connect"]
 
 _NONCE = 32
+_MAC = hashlib.sha256().digest_size
+QUEUE_LIMIT = 4096  # frames waiting to be written before ``send`` applies back-pressure
+FRAME_DEADLINE = 10.0  # seconds a started frame may take to arrive in full
+
+
+class ChannelClosed(OSError):
+    """The channel is closed, or its peer went away."""
+
+
+class HandshakeError(PermissionError):
+    """The peer did not prove it holds the key (or did not answer in time)."""
 
 
 class Channel:
-    """One end of a control connection: thread-safe ``send``, ``recv`` for one reader."""
+    """One end of a control connection: ``send`` from any thread, ``recv`` for one reader.
 
-    def __init__(self, conn: Connection) -> None:
-        self.conn = conn
-        self._send_lock = threading.Lock()
+    ``threaded=False`` writes in the caller's thread instead of a writer thread, for a
+    process that must stay single-threaded (the template, which forks) and is never
+    interrupted mid-write (it ignores SIGINT).
+    """
 
-    def send(self, msg: Any) -> None:
-        with self._send_lock:
-            self.conn.send(msg)
+    def __init__(self, sock: socket.socket, threaded: bool = True, name: str = "peer") -> None:
+        sock.setblocking(True)
+        self.sock = sock
+        self.name = name
+        self._fd = sock.fileno()
+        self._closed = False
+        self._broken: BaseException | None = None
+        self._queue: collections.deque = collections.deque()
+        self._wake = threading.Lock()
+        self._wake.acquire()
+        self._writer: threading.Thread | None = None
+        if threaded:
+            self._writer = threading.Thread(target=self._write_loop, daemon=True,
+                                            name=f"nbdist-send-{name}")
+            self._writer.start()
 
-    def recv(self) -> Any:
-        return self.conn.recv()
+    # -- sending ------------------------------------------------------------------------------
+    def send(self, msg: Message, block: float = 10.0) -> None:
+        """Queue ``msg`` (encoded here, so errors surface in the caller); never cuts a frame.
 
-    def poll(self, timeout: float = 0.0) -> bool:
-        return self.conn.poll(timeout)
+        When ``QUEUE_LIMIT`` frames are already waiting, waits up to ``block`` seconds for
+        room, then raises ``ChannelClosed``.
+        """
+        payload = encode(msg)
+        if self._writer is None:
+            self._write_frame(payload)
+            return
+        if self._closed or self._broken is not None:
+            raise ChannelClosed(f"the control channel to {self.name} is closed")
+        if len(self._queue) >= QUEUE_LIMIT:
+            give_up = time.monotonic() + block
+            while len(self._queue) >= QUEUE_LIMIT:
+                if time.monotonic() > give_up or self._closed or self._broken is not None:
+                    raise ChannelClosed(f"the control channel to {self.name} is blocked")
+                time.sleep(0.001)
+        self._queue.append(payload)  # one atomic step: an interrupt lands before or after
+        self._poke()
 
-    def fileno(self) -> int:
-        return self.conn.fileno()
+    def drain(self, timeout: float = 5.0) -> bool:
+        """Wait until every frame queued so far has been written; False on timeout/closed."""
+        if self._writer is None or self._closed or self._broken is not None:
+            return self._writer is None
+        if not self._queue:
+            return True
+        done = threading.Lock()
+        done.acquire()
+        self._queue.append(done)
+        self._poke()
+        return done.acquire(timeout=timeout)
 
-    def close(self) -> None:
+    def _poke(self) -> None:
         try:
-            self.conn.close()
-        except OSError:
+            self._wake.release()
+        except RuntimeError:  # already awake
             pass
 
+    def _write_loop(self) -> None:
+        queue = self._queue
+        while True:
+            while queue:
+                item = queue.popleft()
+                if isinstance(item, bytes):
+                    if self._broken is None:
+                        try:
+                            self._write_frame(item)
+                        except OSError as exc:
+                            self._broken = exc
+                else:
+                    item.release()  # a drain marker
+            if self._closed:
+                return
+            self._wake.acquire(timeout=1.0)
 
-def _mac(key: bytes, nonce: bytes) -> bytes:
-    return hmac.new(key, nonce, hashlib.sha256).digest()
+    def _write_frame(self, payload: bytes) -> None:
+        self.sock.sendall(HEADER.pack(len(payload)))
+        self.sock.sendall(payload)
+
+    # -- receiving ----------------------------------------------------------------------------
+    def recv(self, timeout: float | None = None) -> Message:
+        """The next message. ``ProtocolError``: that frame was dropped, the next may be fine;
+        ``FramingError``/``EOFError``/``OSError``: the channel is unusable;
+        ``DistTimeoutError``: nothing arrived within ``timeout``."""
+        if timeout is not None and not self.poll(timeout):
+            raise DistTimeoutError(f"no control message from {self.name} within {timeout:g}s")
+        n = frame_length(self._read_exact(HEADER.size, first=True))
+        return decode(self._read_exact(n))
+
+    def _read_exact(self, n: int, first: bool = False) -> bytes:
+        buf = bytearray(n)
+        view = memoryview(buf)
+        got = 0
+        deadline = None
+        while got < n:
+            if not (first and got == 0):
+                if deadline is None:
+                    deadline = time.monotonic() + FRAME_DEADLINE
+                left = deadline - time.monotonic()
+                if left <= 0 or not select.select([self._fd], [], [], left)[0]:
+                    raise ChannelClosed(f"{self.name} stopped in the middle of a frame")
+            k = self.sock.recv_into(view[got:])
+            if k == 0:
+                raise EOFError(f"the control channel to {self.name} closed")
+            got += k
+        return bytes(buf)
+
+    def poll(self, timeout: float = 0.0) -> bool:
+        """Whether a message (or EOF) is ready to read within ``timeout`` seconds."""
+        return bool(select.select([self._fd], [], [], max(timeout, 0.0))[0])
+
+    def fileno(self) -> int:
+        return self._fd
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self, timeout: float = 1.0) -> None:
+        """Write what is queued (up to ``timeout``), stop the writer, close the socket."""
+        if self._closed:
+            return
+        self._closed = True
+        self._poke()
+        writer = self._writer
+        if writer is not None and writer is not threading.current_thread():
+            writer.join(timeout)
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+
+
+# -- authentication ---------------------------------------------------------------------------
+def _mac(key: bytes, role: bytes, nonce: bytes) -> bytes:
+    return hmac.new(key, role + nonce, hashlib.sha256).digest()
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = b""
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise HandshakeError("the peer closed the connection during the handshake")
+        buf += chunk
+    return buf
 
 
 class Listener:
-    """Accepts authenticated control connections on a unix socket path."""
+    """Accepts mutually authenticated control connections on a unix socket path."""
 
     def __init__(self, path: str, authkey: bytes) -> None:
         self.path, self.authkey = path, authkey
@@ -63,23 +204,36 @@ class Listener:
         self.sock.bind(path)
         os.chmod(path, 0o600)
         self.sock.listen(256)
+        self.rejected: list[str] = []  # why each refused peer was refused
 
-    def accept(self, timeout: float) -> Channel:
-        """Wait up to ``timeout`` seconds for one peer that proves it holds the key."""
+    def accept(self, timeout: float, handshake_timeout: float = 2.0,
+               name: str = "worker") -> Channel:
+        """One authenticated peer within ``timeout`` seconds.
+
+        A peer that fails the handshake, or is silent for ``handshake_timeout``, is dropped
+        (its reason kept in ``rejected``) and ``HandshakeError`` raised; call again.
+        """
         self.sock.settimeout(max(timeout, 0.001))
         try:
             peer, _ = self.sock.accept()
         except TimeoutError:
             raise DistTimeoutError("no worker connected to the control socket in time") from None
-        peer.settimeout(5.0)
-        nonce = os.urandom(_NONCE)
-        peer.sendall(nonce)
-        answer = _recv_exact(peer, hashlib.sha256().digest_size)
-        if not hmac.compare_digest(answer, _mac(self.authkey, nonce)):
+        try:
+            peer.settimeout(handshake_timeout)
+            nonce = os.urandom(_NONCE)
+            peer.sendall(nonce)
+            answer = _recv_exact(peer, _MAC + _NONCE)
+            if not hmac.compare_digest(answer[:_MAC], _mac(self.authkey, b"worker", nonce)):
+                raise HandshakeError("a process without the world's key tried to connect")
+            peer.sendall(_mac(self.authkey, b"notebook", answer[_MAC:]))
+            peer.settimeout(None)
+        except (OSError, HandshakeError) as exc:
             peer.close()
-            raise PermissionError("a process without the cluster key tried to connect")
-        peer.settimeout(None)
-        return Channel(Connection(peer.detach()))
+            why = str(exc) if isinstance(exc, HandshakeError) else \
+                f"a connection that did not complete the handshake ({exc or 'timed out'})"
+            self.rejected.append(why)
+            raise HandshakeError(why) from None
+        return Channel(peer, name=name)
 
     def close(self) -> None:
         self.sock.close()
@@ -89,18 +243,9 @@ class Listener:
             pass
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    buf = b""
-    while len(buf) < n:
-        chunk = sock.recv(n - len(buf))
-        if not chunk:
-            raise ConnectionError("peer closed during handshake")
-        buf += chunk
-    return buf
-
-
-def connect(path: str, authkey: bytes, timeout: float = 10.0) -> Channel:
-    """Connect to a ``Listener`` and answer its challenge."""
+def connect(path: str, authkey: bytes, timeout: float = 10.0, name: str = "notebook",
+            threaded: bool = True) -> Channel:
+    """Connect to a ``Listener``; both sides prove they hold ``authkey``."""
     deadline = time.monotonic() + timeout
     while True:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -108,11 +253,19 @@ def connect(path: str, authkey: bytes, timeout: float = 10.0) -> Channel:
             sock.settimeout(max(deadline - time.monotonic(), 0.01))
             sock.connect(path)
             nonce = _recv_exact(sock, _NONCE)
-            sock.sendall(_mac(authkey, nonce))
+            mine = os.urandom(_NONCE)
+            sock.sendall(_mac(authkey, b"worker", nonce) + mine)
+            proof = _recv_exact(sock, _MAC)
+            if not hmac.compare_digest(proof, _mac(authkey, b"notebook", mine)):
+                raise HandshakeError(f"the process listening on {path} does not hold the "
+                                     "world's key")
             sock.settimeout(None)
-            return Channel(Connection(sock.detach()))
+            return Channel(sock, threaded=threaded, name=name)
         except (FileNotFoundError, ConnectionRefusedError):
             sock.close()
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.01)
+        except BaseException:
+            sock.close()
+            raise

@@ -15,10 +15,10 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from multiprocessing.connection import Connection
-from typing import Any
 
 from ..errors import DistTimeoutError, StartError
+from .channel import Channel
+from .protocol import Exit, Exited, Kill, Message, ProtocolError, Spawn, Spawned, TemplateReady
 
 __all__ = ["Template", "describe_exit"]
 
@@ -44,8 +44,7 @@ class Template:
     def __init__(self, runtime_dir: str) -> None:
         self.runtime_dir = runtime_dir
         self.proc: subprocess.Popen | None = None
-        self.conn: Connection | None = None
-        self._lock = threading.Lock()
+        self.conn: Channel | None = None
         self.on_exit: Callable[[int, int], None] | None = None
         self._spawned: dict[int, int] = {}  # rank -> pid, for the spawn in progress
         self._reader: threading.Thread | None = None
@@ -70,7 +69,7 @@ class Template:
             env=env, close_fds=True,
         )
         theirs.close()
-        self.conn = Connection(ours.detach())
+        self.conn = Channel(ours, name="the template process")
         self._ready.clear()
         self._reader = threading.Thread(target=self._read_loop, args=(self.conn, self.proc),
                                         name="nbdist-template-reader", daemon=True)
@@ -87,10 +86,12 @@ class Template:
                 raise DistTimeoutError("timed out waiting for the worker template process to "
                                        "import torch")
 
-    def _read_loop(self, conn: Connection, proc: subprocess.Popen) -> None:
+    def _read_loop(self, conn: Channel, proc: subprocess.Popen) -> None:
         while True:
             try:
                 msg = conn.recv()
+            except ProtocolError:
+                continue
             except (EOFError, OSError):
                 self._ready.clear()
                 try:  # reap it now: a zombie child makes ipykernel's shutdown wait for it
@@ -98,29 +99,28 @@ class Template:
                 except subprocess.TimeoutExpired:
                     pass
                 return
-            kind = msg[0]
-            if kind == "ready":
+            if isinstance(msg, TemplateReady):
                 self._ready.set()
-            elif kind == "spawned":
+            elif isinstance(msg, Spawned):
                 with self._spawn_cv:
-                    self._spawned[msg[1]] = msg[2]
+                    self._spawned[msg.rank] = msg.pid
                     self._spawn_cv.notify_all()
-            elif kind == "exited" and self.on_exit is not None:
-                self.on_exit(msg[1], msg[2])
+            elif isinstance(msg, Exited) and self.on_exit is not None:
+                self.on_exit(msg.pid, msg.code)
 
     # -- requests ---------------------------------------------------------------------------
-    def _send(self, msg: Any) -> None:
-        with self._lock:
-            if self.conn is None:
-                raise StartError("the worker template process is not running")
-            self.conn.send(msg)
+    def _send(self, msg: Message) -> None:
+        conn = self.conn
+        if conn is None:
+            raise StartError("the worker template process is not running")
+        conn.send(msg)
 
     def spawn(self, configs: list[dict], deadline: float) -> dict[int, int]:
         """Fork one worker per config; returns rank -> pid."""
         with self._spawn_cv:
             self._spawned = {}
         for cfg in configs:
-            self._send(("spawn", cfg))
+            self._send(Spawn(cfg))
         want = {c["rank"] for c in configs}
         with self._spawn_cv:
             while not want <= set(self._spawned):
@@ -133,15 +133,13 @@ class Template:
             return dict(self._spawned)
 
     def kill(self, pids: list[int], sig: int = signal.SIGKILL) -> None:
-        """Signal workers; a worker's pid is only signalled while the template knows it."""
+        """Signal workers through the template, which only signals children it has not reaped
+        (so a reused pid is never hit). Without a template there is nothing to do: its
+        children got SIGKILL when it died (``PR_SET_PDEATHSIG``)."""
         try:
-            self._send(("kill", list(pids), int(sig)))
+            self._send(Kill(tuple(pids), int(sig)))
         except (OSError, StartError):
-            for pid in pids:  # template gone: its children got SIGKILL already, but be sure
-                try:
-                    os.kill(pid, sig)
-                except (ProcessLookupError, PermissionError):
-                    pass
+            pass
 
     @property
     def pid(self) -> int | None:
@@ -153,8 +151,8 @@ class Template:
         self.proc = self.conn = self._reader = None
         if conn is not None:
             try:
-                with self._lock:
-                    conn.send(("exit",))
+                conn.send(Exit())
+                conn.drain(timeout)
             except OSError:
                 pass
         if proc is not None:

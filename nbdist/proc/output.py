@@ -20,14 +20,17 @@ import time
 import weakref
 from typing import Any
 
+from .protocol import Output
+
 __all__ = ["ChannelStream", "Router", "capture_fds"]
 
 _FLUSH_EVERY = 0.03
 _FLUSH_SIZE = 1 << 16
+PARTIAL_LIMIT = 1 << 16  # characters of one unfinished line the router holds per rank
 
 
 class ChannelStream(io.TextIOBase):
-    """A text stream whose writes travel to the notebook as ``("out", rank, name, text)``."""
+    """A text stream whose writes travel to the notebook as ``Output`` messages."""
 
     _all: weakref.WeakSet = weakref.WeakSet()
     _flusher: threading.Thread | None = None
@@ -72,7 +75,7 @@ class ChannelStream(io.TextIOBase):
             self._buf.clear()
             self._size = 0
             try:
-                self.channel.send(("out", self.rank, self._name, text))
+                self.channel.send(Output(self.rank, self._name, text))
             except OSError:
                 pass
 
@@ -106,7 +109,7 @@ def _pump(fd: int, channel: Any, rank: int, name: str) -> None:
         text = decoder.decode(data)
         if text:
             try:
-                channel.send(("out", rank, name, text))
+                channel.send(Output(rank, name, text))
             except OSError:
                 return
 
@@ -126,20 +129,25 @@ class Router:
             _, before = self._partial.pop((rank, stream), (name, ""))
             text = before + text
             head, sep, tail = text.rpartition("\n")
+            lines = head.split("\n") if sep else []
+            while len(tail) > PARTIAL_LIMIT:  # a line without end is shown in pieces
+                lines.append(tail[:PARTIAL_LIMIT])
+                tail = tail[PARTIAL_LIMIT:]
             if tail:
                 self._partial[(rank, stream)] = (name, tail)
-            if sep:
-                self._write(stream, "".join(f"[{name}] {line}\n" for line in head.split("\n")))
+            if lines:
+                self.write(stream, "".join(f"[{name}] {line}\n" for line in lines))
 
     def flush(self, rank: int | None = None) -> None:
         """Write out partial lines (all ranks, or one)."""
         with self._lock:
             for key in [k for k in self._partial if rank is None or k[0] == rank]:
                 name, tail = self._partial.pop(key)
-                self._write(key[1], f"[{name}] {tail}\n")
+                self.write(key[1], f"[{name}] {tail}\n")
 
     @staticmethod
-    def _write(stream: str, text: str) -> None:
+    def write(stream: str, text: str) -> None:
+        """Write to the notebook's current stdout or stderr (the running cell in Jupyter)."""
         target = sys.stderr if stream == "stderr" else sys.stdout
         try:
             target.write(text)

@@ -12,9 +12,12 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import sys
 import time
-from multiprocessing.connection import Connection
+
+from .channel import Channel
+from .protocol import Exit, Exited, Kill, ProtocolError, Spawn, Spawned, TemplateReady
 
 __all__ = ["main"]
 
@@ -46,46 +49,39 @@ def _terminate(signum: int, frame: object) -> None:
 def main(fd: int, runtime_dir: str) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _terminate)  # ipykernel SIGTERMs its children at shutdown
-    conn = Connection(fd)
+    chan = Channel(socket.socket(fileno=fd), threaded=False, name="notebook")
     _preload()
-    conn.send(("ready", os.getpid()))
+    chan.send(TemplateReady(os.getpid()))
     children: dict[int, int] = {}
     idle_limit = float(os.environ.get("NBDIST_TEMPLATE_IDLE", "600"))
     idle_since = time.monotonic()
     try:
         while True:
             try:
-                ready = conn.poll(0.05)
-                msg = conn.recv() if ready else None
+                msg = chan.recv() if chan.poll(0.05) else None
+            except ProtocolError:
+                continue  # a frame we cannot read: the next one may be fine
             except (EOFError, OSError):
                 break
-            if msg is not None:
-                kind = msg[0]
-                if kind == "spawn":
-                    cfg = msg[1]
-                    pid = os.fork()
-                    if pid == 0:
-                        conn.close()
-                        from .worker import run_forked
-
-                        run_forked(cfg)  # never returns
-                    children[pid] = cfg["rank"]
-                    conn.send(("spawned", cfg["rank"], pid))
-                elif kind == "kill":
-                    for pid in msg[1]:
-                        if pid in children:
-                            try:
-                                os.kill(pid, msg[2])
-                            except ProcessLookupError:
-                                pass
-                elif kind == "exit":
-                    break
+            if isinstance(msg, Spawn):
+                pid = _fork_worker(chan, msg.config)
+                children[pid] = msg.config["rank"]
+                chan.send(Spawned(msg.config["rank"], pid))
+            elif isinstance(msg, Kill):
+                for pid in msg.pids:
+                    if pid in children:  # forked by us and not reaped: cannot be reused
+                        try:
+                            os.kill(pid, msg.signal)
+                        except ProcessLookupError:
+                            pass
+            elif isinstance(msg, Exit):
+                break
             while children:
                 pid, status = os.waitpid(-1, os.WNOHANG)
                 if pid == 0:
                     break
                 children.pop(pid, None)
-                conn.send(("exited", pid, os.waitstatus_to_exitcode(status)))
+                chan.send(Exited(pid, os.waitstatus_to_exitcode(status)))
             if children:
                 idle_since = time.monotonic()
             elif time.monotonic() - idle_since > idle_limit:
@@ -103,6 +99,20 @@ def main(fd: int, runtime_dir: str) -> None:
                 pass
         shutil.rmtree(runtime_dir, ignore_errors=True)
         os._exit(0)
+
+
+def _fork_worker(chan: Channel, config: dict) -> int:
+    """Fork; the child becomes the worker and never returns here, whatever happens."""
+    pid = os.fork()
+    if pid:
+        return pid
+    try:
+        chan.sock.close()
+        from .worker import run_forked
+
+        run_forked(config)
+    finally:
+        os._exit(1)  # only reached if the worker's own exit failed
 
 
 if __name__ == "__main__":

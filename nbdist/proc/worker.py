@@ -25,6 +25,20 @@ from typing import Any
 from ..patches import rpc_hooks, shipping
 from .channel import Channel, connect
 from .output import ChannelStream, capture_fds
+from .protocol import (
+    Exec,
+    Failed,
+    Flush,
+    Flushed,
+    Hello,
+    Interrupt,
+    Metrics,
+    Output,
+    ProtocolError,
+    Ready,
+    Result,
+    Stop,
+)
 
 __all__ = ["run_forked", "current_channel"]
 
@@ -70,33 +84,50 @@ def run_forked(cfg: dict) -> None:
         main.__dict__["__builtins__"] = builtins
         sys.modules["__main__"] = main
         _channel = connect(cfg["socket"], cfg["authkey"], timeout=cfg["start_timeout"])
-        _channel.send(("hello", _rank, os.getpid()))
+        _channel.send(Hello(_rank, os.getpid()))
         _setup_output(cfg)
         if os.environ.get("NBDIST_TEST_FAIL_RANK") == str(_rank):  # for the fault tests
             raise RuntimeError(f"rank {_rank} fails at start-up on purpose "
                                "(NBDIST_TEST_FAIL_RANK is set)")
         _join_world(cfg)
-        from ..telemetry import records
+        from ..telemetry import records, tracing
 
-        records._start_worker_flusher(_channel, _rank, cfg["name"])
-        _channel.send(("ready", _rank, os.getpid()))
+        records._start_worker_flusher(_metrics_outbox, _rank, cfg["name"])
+        tracing.arm(_rank, cfg["name"])
+        _channel.send(Ready(_rank, os.getpid()))
         _serve(main.__dict__)
     except BaseException:
         code = 1
-        text = traceback.format_exc()
         try:
+            text = traceback.format_exc()
             if _channel is not None:
-                _channel.send(("failed", _rank, text))
+                _channel.send(Failed(_rank, text))
             else:
                 os.write(2, text.encode())
-        except OSError:
+        except BaseException:  # noqa: BLE001 - nothing may keep this process from exiting
             pass
     finally:
-        _flush_all()
-        os._exit(code)
+        try:
+            _flush_all()
+            if _channel is not None:
+                _channel.close(timeout=2.0)
+        finally:
+            os._exit(code)
 
 
 _streams: list[ChannelStream] = []
+
+
+class _MetricsOutbox:
+    """What telemetry hands its batches to: wraps each in a ``Metrics`` message."""
+
+    @staticmethod
+    def send(batch: tuple) -> None:
+        if _channel is not None:
+            _channel.send(Metrics(_rank, batch))
+
+
+_metrics_outbox = _MetricsOutbox()
 
 
 def _setup_output(cfg: dict) -> None:
@@ -117,20 +148,25 @@ def _flush_streams() -> None:
     from ..telemetry import records
 
     if _channel is not None:
-        records.flush_worker(_channel, _rank)
-    for s in _streams:
-        s.flush()
+        records.flush_worker(_metrics_outbox, _rank)
+        for s in _streams:
+            s.flush()
+        _channel.drain(1.0)
 
 
 def _flush_all() -> None:
+    """Queue everything printed or logged so far (the channel writes it in order)."""
     from ..telemetry import records
 
     if _channel is not None:
-        records.flush_worker(_channel, _rank)
+        try:
+            records.flush_worker(_metrics_outbox, _rank)
+        except Exception:  # noqa: BLE001 - output must still go
+            pass
     for s in _streams:
         try:
             s.flush()
-        except Exception:
+        except Exception:  # noqa: BLE001
             pass
 
 
@@ -171,33 +207,37 @@ def _serve(ns: dict) -> None:
         item = cells.get()
         if item is None:
             return
-        exec_id, code, filename = item
-        result = _run_cell(ns, code, filename)
+        result = _run_cell(ns, item.code, item.filename, item.exec_id)
         _flush_all()
-        _channel.send(("result", _rank, exec_id) + result)
+        _channel.send(result)
 
 
 def _read_commands(cells: queue.Queue) -> None:
+    """Reader thread: cells go to the main thread; interrupts, flushes and stops act at once."""
     assert _channel is not None
     while True:
         try:
             msg = _channel.recv()
+        except ProtocolError as exc:
+            _channel.send(Output(_rank, "stderr", f"nbdist: rank {_rank} dropped a control "
+                                                  f"message it could not read: {exc}\n"))
+            continue
         except (EOFError, OSError):
             os._exit(1)  # the notebook is gone: nothing to serve
-        kind = msg[0]
-        if kind == "exec":
-            cells.put(msg[1:])
-        elif kind == "interrupt":
+        if isinstance(msg, Exec):
+            cells.put(msg)
+        elif isinstance(msg, Interrupt):
             signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
-        elif kind == "flush":  # everything printed or logged so far goes out before the ack
+        elif isinstance(msg, Flush):  # everything printed or logged so far goes before the ack
             _flush_all()
-            _channel.send(("flushed", _rank, msg[1]))
-        elif kind == "stop":
+            _channel.send(Flushed(_rank, msg.token))
+        elif isinstance(msg, Stop):
             _flush_all()
+            _channel.close(timeout=2.0)
             os._exit(0)
 
 
-def _run_cell(ns: dict, code: str, filename: str) -> tuple:
+def _run_cell(ns: dict, code: str, filename: str, exec_id: int) -> Result:
     """Run a cell IPython-style: statements, then show the last expression's repr."""
     global _executing
     linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
@@ -212,13 +252,27 @@ def _run_cell(ns: dict, code: str, filename: str) -> tuple:
             value = eval(compile(last, filename, "eval"), ns) if last is not None else None
         finally:
             _executing = False
+        if value is None:
+            return Result(_rank, exec_id, "ok")
+        ns["_"] = value
+        return Result(_rank, exec_id, "ok", _safe_repr(value))
     except BaseException as exc:  # noqa: BLE001 - every failure is reported to the notebook
         tb = exc.__traceback__
         if tb is not None and tb.tb_frame.f_code is _run_cell.__code__:
             tb = tb.tb_next
         text = "".join(traceback.format_exception(type(exc), exc, tb))
-        return ("error", type(exc).__name__, str(exc), text)
-    if value is not None:
-        ns["_"] = value
-        return ("ok", repr(value))
-    return ("ok", None)
+        return Result(_rank, exec_id, "error", None, type(exc).__name__, _safe_str(exc), text)
+
+
+def _safe_repr(value: object) -> str:
+    try:
+        return repr(value)
+    except Exception as exc:  # noqa: BLE001 - a broken __repr__ must not kill the worker
+        return f"<{type(value).__name__} object; repr() failed: {exc!r}>"
+
+
+def _safe_str(exc: BaseException) -> str:
+    try:
+        return str(exc)
+    except Exception:  # noqa: BLE001
+        return f"<{type(exc).__name__}; str() failed>"

@@ -1,0 +1,147 @@
+"""Cells on workers: hand a cell out, collect results (never hanging), report, interrupt, flush."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import DistCellError, DistTimeoutError, RankFailure, WorkerDiedError
+from ..proc.channel import Channel
+from ..proc.protocol import Exec, Flush, Interrupt, Message, Result
+from .ranks import RankInfo
+from .session import SESSION
+
+__all__ = ["Cells"]
+
+
+class Cells:
+    """Cell bookkeeping of one world: results by cell id, flush acknowledgements by token."""
+
+    def __init__(self, ranks: dict[int, RankInfo], cv: threading.Condition,
+                 require_running: Callable[[str], None]) -> None:
+        self.ranks, self.cv, self._require = ranks, cv, require_running
+        self._results: dict[int, dict[int, Result]] = {}
+        self._flushed: dict[int, set[int]] = {}
+
+    # -- called by the receiver ---------------------------------------------------------------
+    def deliver(self, result: Result) -> None:
+        with self.cv:
+            self._results.setdefault(result.exec_id, {})[result.rank] = result
+            self.cv.notify_all()
+
+    def flushed(self, rank: int, token: int) -> None:
+        with self.cv:
+            self._flushed.setdefault(token, set()).add(rank)
+            self.cv.notify_all()
+
+    # -- sending ------------------------------------------------------------------------------
+    def _send(self, rank: int, msg: Message) -> bool:
+        info = self.ranks[rank]
+        chan: Channel | None = info.channel
+        if chan is None or not info.alive:
+            return False
+        try:
+            chan.send(msg)
+        except OSError:
+            return False
+        return True
+
+    def send_cell(self, code: str, targets: list[int]) -> int:
+        """Hand a cell to the targets without waiting; returns the id ``collect`` takes."""
+        self._require("run a cell")
+        dead = [r for r in targets if not self.ranks[r].alive]
+        if dead:
+            info = self.ranks[dead[0]]
+            raise WorkerDiedError(info.rank, info.name, info.reason(),
+                                  "asked to run a cell; `%dist_restart` starts a fresh world")
+        exec_id = next(SESSION.exec_ids)
+        msg = Exec(exec_id, code, f"<dist-cell-{exec_id}>")
+        for r in targets:
+            self._send(r, msg)
+        return exec_id
+
+    def interrupt(self, targets: list[int]) -> None:
+        """KeyboardInterrupt in the cell and RPC functions running on these ranks."""
+        for r in targets:
+            self._send(r, Interrupt())
+
+    # -- waiting ------------------------------------------------------------------------------
+    def collect(self, exec_id: int, targets: list[int], timeout: float | None) -> dict:
+        """Wait for a cell's results; interrupts and deaths are handled, never hangs."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            return self._wait(exec_id, targets, deadline)
+        except KeyboardInterrupt:
+            self.interrupt(self._pending(exec_id, targets))
+            try:  # a moment for the workers to report; the notebook comes back regardless
+                self._wait(exec_id, targets, time.monotonic() + 0.5)
+            except (DistTimeoutError, KeyboardInterrupt):
+                pass
+            raise
+        finally:
+            with self.cv:
+                self._results.pop(exec_id, None)
+
+    def _pending(self, exec_id: int, targets: list[int]) -> list[int]:
+        got = self._results.get(exec_id, {})
+        return [r for r in targets if r not in got and self.ranks[r].alive]
+
+    def _wait(self, exec_id: int, targets: list[int], deadline: float | None) -> dict:
+        with self.cv:
+            while True:
+                pending = self._pending(exec_id, targets)
+                if not pending:
+                    got: dict[int, Any] = dict(self._results.get(exec_id, {}))
+                    for r in targets:
+                        got.setdefault(r, None)  # None: the rank died
+                    return got
+                if deadline is not None and time.monotonic() > deadline:
+                    self.interrupt(pending)
+                    who = ", ".join(self.ranks[r].label() for r in pending)
+                    raise DistTimeoutError(f"timed out waiting for {who} to finish the cell; "
+                                           "they were interrupted")
+                self.cv.wait(0.05)
+
+    def report(self, results: dict, targets: list[int], show: bool = True) -> dict:
+        """Print each rank's value as ``[name] value``; raise ``DistCellError`` for failures."""
+        values: dict[int, str | None] = {}
+        failures: list[RankFailure] = []
+        for r in targets:
+            res: Result | None = results[r]
+            info = self.ranks[r]
+            if res is None:
+                reason = info.reason()
+                failures.append(RankFailure(r, info.name, "WorkerDiedError", reason,
+                                            f"{info.label()} {reason} while running the cell\n"))
+            elif res.status == "ok":
+                values[r] = res.value
+                if show and res.value is not None:
+                    body = res.value.replace("\n", f"\n[{info.name}] ")
+                    print(f"[{info.name}] {body}")
+            else:
+                failures.append(RankFailure(r, info.name, res.error_type, res.error,
+                                            res.traceback))
+        if failures:
+            ranks = ", ".join(f"{f.rank} ({f.name})" for f in failures)
+            plural = "s" if len(failures) > 1 else ""
+            raise DistCellError(failures, f"the cell failed on rank{plural} {ranks}: ")
+        return values
+
+    def flush(self, timeout: float) -> bool:
+        """Wait until what live workers printed or logged so far has arrived here."""
+        token = next(SESSION.exec_ids)
+        targets = [r for r in self.ranks if r and self._send(r, Flush(token))]
+        deadline = time.monotonic() + timeout
+        with self.cv:
+            try:
+                while True:
+                    done = self._flushed.get(token, set())
+                    if all(r in done or not self.ranks[r].alive for r in targets):
+                        return True
+                    if time.monotonic() > deadline:
+                        return False
+                    self.cv.wait(0.02)
+            finally:
+                self._flushed.pop(token, None)

@@ -1,0 +1,59 @@
+"""The rank table of a world and the one lifecycle state of a ``Cluster``."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from ..errors import ClusterStateError
+from ..proc.channel import Channel
+from ..proc.launch import describe_exit
+
+__all__ = ["ClusterState", "RankInfo"]
+
+
+class ClusterState(enum.Enum):
+    """Where a ``Cluster`` is in its life; it only moves forward."""
+
+    NEW = "new"  # made, nothing started yet
+    STARTING = "starting"  # workers forking, connecting, joining the RPC world
+    RUNNING = "running"  # every rank answered; cells and RPCs may run
+    STOPPING = "stopping"  # teardown under way: nothing new is accepted
+    STOPPED = "stopped"  # everything it started is gone
+
+    def require(self, *allowed: ClusterState, doing: str) -> None:
+        """Raise ``ClusterStateError`` unless the state is one of ``allowed``."""
+        if self not in allowed:
+            hint = {ClusterState.STOPPED: "; start one with `%dist_start N`",
+                     ClusterState.STOPPING: "; it is stopping",
+                     ClusterState.STARTING: "; it is still starting"}.get(self, "")
+            raise ClusterStateError(f"cannot {doing}: this world is {self.value}{hint}")
+
+
+@dataclass
+class RankInfo:
+    """One rank: who it is, its process, its control channel, and how it ended."""
+
+    rank: int
+    name: str
+    pid: int | None = None
+    started: float = 0.0
+    channel: Channel | None = None
+    ready: bool = False
+    exit_code: int | None = None
+    failure: str | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self.pid is not None and self.exit_code is None
+
+    def reason(self) -> str:
+        """How it ended, in words, with the last line of a start-up traceback if any."""
+        text = describe_exit(self.exit_code)
+        if self.failure:
+            last = self.failure.strip().splitlines()[-1]
+            text += f" after: {last}"
+        return text
+
+    def label(self) -> str:
+        return f"rank {self.rank} ({self.name})"

@@ -1,0 +1,161 @@
+"""The receiver: one thread reads every worker's control channel and routes each message.
+
+Nothing a worker sends can stop it: a frame that does not decode is reported once per rank
+(naming it) and dropped; a broken stream closes that rank's channel only; an exception in a
+handler is reported and the loop goes on.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from ..proc.output import Router
+from ..proc.protocol import (
+    Failed,
+    Flushed,
+    FramingError,
+    Message,
+    Metrics,
+    Output,
+    ProtocolError,
+    Ready,
+    Result,
+)
+from ..telemetry import records
+
+if TYPE_CHECKING:
+    from .cells import Cells
+    from .ranks import RankInfo
+
+__all__ = ["Receiver"]
+
+REPORT_EVERY = 5.0  # seconds between two reports of bad frames from one rank
+
+
+class Receiver:
+    """Owns the receiving thread; ``stop`` ends it (with a deadline)."""
+
+    def __init__(self, ranks: dict[int, RankInfo], router: Router, cells: Cells,
+                 cv: threading.Condition) -> None:
+        self.ranks, self.router, self.cells, self.cv = ranks, router, cells, cv
+        self._wake_r, self._wake_w = os.pipe()
+        self._stopping = False
+        self._reported: dict[int, float] = {}
+        self.dropped: dict[int, int] = {}  # rank -> frames dropped, for tests and status
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="nbdist-receiver")
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def is_current_thread(self) -> bool:
+        return threading.current_thread() is self._thread
+
+    def stop(self, timeout: float = 2.0) -> None:
+        """End the thread (the channels are closed by their owner first)."""
+        self._stopping = True
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:
+            pass
+        if self._thread.is_alive() and not self.is_current_thread():
+            self._thread.join(timeout)
+        for fd in (self._wake_r, self._wake_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def poke(self) -> None:
+        """Make the loop look at the channel set again."""
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:
+            pass
+
+    # -- the loop -----------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while not self._stopping:
+            by_fd = {i.channel.fileno(): i for i in self.ranks.values()
+                     if i.channel is not None and not i.channel.closed}
+            try:
+                ready, _, _ = select.select([self._wake_r, *by_fd], [], [], 0.2)
+            except (OSError, ValueError):  # a channel closed under us: look again
+                time.sleep(0.01)
+                continue
+            if not ready:
+                self.router.flush()
+                continue
+            for fd in ready:
+                if fd == self._wake_r:
+                    try:
+                        os.read(self._wake_r, 4096)
+                    except OSError:
+                        pass
+                    continue
+                info = by_fd[fd]
+                if info.channel is not None:
+                    self._read_one(info)
+
+    def _read_one(self, info: RankInfo) -> None:
+        chan = info.channel
+        assert chan is not None
+        try:
+            msg = chan.recv()
+        except FramingError as exc:
+            self._report(info, f"its control stream is out of step ({exc}); its channel was "
+                               "closed", force=True)
+            self._lost(info)
+            return
+        except ProtocolError as exc:
+            self.dropped[info.rank] = self.dropped.get(info.rank, 0) + 1
+            self._report(info, f"dropped a control message: {exc}")
+            return
+        except (EOFError, OSError):
+            self._lost(info)
+            return
+        try:
+            self._dispatch(info, msg)
+        except Exception as exc:  # noqa: BLE001 - one bad message must not stop the receiver
+            self._report(info, f"a {msg.TAG!r} message could not be handled: {exc!r}")
+
+    def _dispatch(self, info: RankInfo, msg: Message) -> None:
+        if isinstance(msg, Output):
+            self.router.feed(info.rank, info.name, msg.stream, msg.text)
+        elif isinstance(msg, Metrics):
+            records._deliver(msg.batch)
+        elif isinstance(msg, Result):
+            self.router.flush(info.rank)
+            self.cells.deliver(msg)
+        elif isinstance(msg, Flushed):
+            self.cells.flushed(info.rank, msg.token)
+        elif isinstance(msg, Ready):
+            with self.cv:
+                info.ready = True
+                self.cv.notify_all()
+        elif isinstance(msg, Failed):
+            with self.cv:
+                info.failure = msg.traceback
+                self.cv.notify_all()
+        else:
+            raise ProtocolError(f"a {msg.TAG!r} message, which workers do not send")
+
+    def _lost(self, info: RankInfo) -> None:
+        """The channel closed: the worker exited or is about to; the template says how.
+
+        No waiting here: this thread carries every other rank's output, and the template's
+        reader records the exit status and wakes any waiter.
+        """
+        chan, info.channel = info.channel, None
+        if chan is not None:
+            chan.close(timeout=0)
+
+    def _report(self, info: RankInfo, what: str, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._reported.get(info.rank, -REPORT_EVERY) < REPORT_EVERY:
+            return
+        self._reported[info.rank] = now
+        Router.write("stderr", f"nbdist: {info.label()} {what}\n")

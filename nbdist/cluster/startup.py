@@ -1,0 +1,223 @@
+"""The start sequence of a world and rank 0's own part in it (join and leave torch RPC).
+
+fork workers → accept their authenticated connections → rank 0 joins ``init_rpc`` (in a
+thread it owns, bounded by the start deadline) → every worker says ready → every worker
+answers a first RPC. Each wait watches the clock and the workers' lives and names the ranks
+it waited for.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+from ..errors import DistTimeoutError, StartError, WorkerDiedError
+from ..patches import quiet, rpc_hooks, rref_reset, shipping
+from ..proc.channel import HandshakeError, Listener
+from ..proc.launch import describe_exit
+from ..proc.output import Router
+from ..proc.protocol import Hello, ProtocolError
+from ..spec import WorldSpec
+from ..telemetry import tracing
+from .ranks import RankInfo
+
+__all__ = ["Rank0", "StartWatch", "worker_config"]
+
+
+def worker_config(spec: WorldSpec, names: list[str], rank: int, world_dir: str, socket: str,
+                  key: bytes, epoch: int) -> dict:
+    """Everything a forked worker needs to become ``rank`` (plain values only)."""
+    env = dict(os.environ)
+    env.update(spec.env)
+    threads = spec.thread_count()
+    env.update({"TP_SOCKET_IFNAME": "lo", "GLOO_SOCKET_IFNAME": "lo",
+                "OMP_NUM_THREADS": str(threads), "NBDIST_RANK": str(rank),
+                "NBDIST_WORLD_SIZE": str(spec.world_size)})
+    return {
+        "rank": rank, "name": names[rank], "world_size": spec.world_size,
+        "socket": socket, "authkey": key, "cwd": os.getcwd(),
+        "env": env, "path": list(sys.path), "threads": threads,
+        "rpc_init": f"file://{world_dir}/rpc", "rpc_timeout": spec.rpc_timeout,
+        "rpc_threads": 16, "process_group": spec.process_group,
+        "pg_init": f"file://{world_dir}/pg", "pg_timeout": spec.rpc_timeout,
+        "start_timeout": spec.start_timeout, "epoch": epoch,
+    }
+
+
+class StartWatch:
+    """Deadline and liveness checks shared by every step of one start."""
+
+    def __init__(self, ranks: dict[int, RankInfo], deadline: float, timeout: float,
+                 cv: threading.Condition) -> None:
+        self.ranks, self.deadline, self.timeout, self.cv = ranks, deadline, timeout, cv
+
+    def check(self, waiting: set[int], what: str) -> None:
+        """Raise if a rank in ``waiting`` died or the deadline passed."""
+        for r in sorted(waiting):
+            info = self.ranks.get(r)
+            if info is not None and info.exit_code is not None:
+                if info.failure:
+                    raise StartError(f"{info.label()} failed while {what}: "
+                                     f"{describe_exit(info.exit_code)}\n\nits traceback:\n"
+                                     f"{info.failure}")
+                raise WorkerDiedError(r, info.name, info.reason(), what)
+        if time.monotonic() > self.deadline:
+            who = ", ".join(self.ranks[r].label() for r in sorted(waiting))
+            raise DistTimeoutError(f"timed out after {self.timeout:g}s waiting for {who} to "
+                                   f"{what}")
+
+    def accept_all(self, listener: Listener) -> None:
+        """Take one authenticated connection per worker; strays are dropped, not fatal."""
+        missing = {r for r in self.ranks if r}
+        while missing:
+            self.check(missing, "connect to the notebook")
+            try:
+                chan = listener.accept(0.1, name="worker")
+            except DistTimeoutError:
+                continue
+            except HandshakeError as exc:
+                Router.write("stderr", f"nbdist: ignored a connection to the control socket: "
+                                       f"{exc}\n")
+                continue
+            try:
+                hello = chan.recv(timeout=max(min(self.deadline - time.monotonic(), 5.0), 0.01))
+            except (DistTimeoutError, ProtocolError, EOFError, OSError):
+                chan.close(timeout=0)
+                continue
+            info = self.ranks.get(hello.rank) if isinstance(hello, Hello) else None
+            if info is None or hello.rank not in missing or hello.pid != info.pid:
+                chan.close(timeout=0)
+                continue
+            chan.name = info.label()
+            info.channel = chan
+            missing.discard(hello.rank)
+
+    def wait_ready(self) -> None:
+        with self.cv:
+            while True:
+                missing = {r for r, i in self.ranks.items() if not i.ready}
+                if not missing:
+                    return
+                self.check(missing, "join the RPC world")
+                self.cv.wait(0.05)
+
+    def ping_all(self) -> None:
+        """Every worker answers one RPC (so the world is really up)."""
+        import torch.distributed.rpc as rpc
+
+        futs = {r: rpc.rpc_async(self.ranks[r].name, os.getpid) for r in self.ranks if r}
+        for r, fut in futs.items():
+            while not fut.done():
+                self.check({r}, "answer its first RPC")
+                time.sleep(0.002)
+            fut.wait()
+
+
+class Rank0:
+    """The notebook's own membership in a world: joins in an owned thread, leaves at stop."""
+
+    def __init__(self, spec: WorldSpec, names: list[str], world_dir: str, epoch: int) -> None:
+        self.spec, self.names, self.world_dir, self.epoch = spec, names, world_dir, epoch
+        self.rpc_up = False
+        self.pg_up = False
+        self.joiner: threading.Thread | None = None
+
+    def join(self, watch: StartWatch) -> None:
+        import torch.distributed as dist
+        import torch.distributed.rpc as rpc
+
+        spec = self.spec
+        rpc_hooks.reset_world_state()
+        quiet.install()
+        if not rref_reset.reset_singleton() and self.epoch > 1:
+            Router.write("stderr", "nbdist: this torch build hides its RRef context, so RRefs "
+                                   "in this notebook may fail after a restart; restart the "
+                                   "kernel if they do\n")
+        shipping.install()
+        rpc_hooks.install_callee()
+        rpc_hooks.install_caller()
+        rpc_hooks.quiet_warnings()
+        tracing.install(0, self.names[0])
+        # rendezvous waits are bounded by what is left of the start deadline, so the joining
+        # thread ends by then even if the workers never come; the real timeout is set after
+        left = max(watch.deadline - time.monotonic(), 1.0)
+        opts = rpc.TensorPipeRpcBackendOptions(init_method=f"file://{self.world_dir}/rpc",
+                                               rpc_timeout=left)
+        with loopback_env():
+            self._in_thread(lambda: rpc.init_rpc(self.names[0], rank=0,
+                                                 world_size=spec.world_size,
+                                                 rpc_backend_options=opts),
+                            watch, "join the RPC world (init_rpc)")
+            self.rpc_up = True
+            rpc._set_rpc_timeout(spec.rpc_timeout)
+            shipping.register_patched("torch.distributed.rpc", "torch.distributed.rpc.api")
+            if spec.process_group:
+                self._in_thread(lambda: dist.init_process_group(
+                    spec.process_group, init_method=f"file://{self.world_dir}/pg", rank=0,
+                    world_size=spec.world_size, timeout=timedelta(seconds=spec.rpc_timeout)),
+                    watch, "join the process group")
+                self.pg_up = True
+
+    def _in_thread(self, fn: Callable[[], Any], watch: StartWatch, what: str) -> None:
+        """Run a blocking torch call in a thread while watching the workers and the clock."""
+        box: dict = {}
+
+        def target() -> None:
+            try:
+                fn()
+            except BaseException as exc:  # noqa: BLE001
+                box["error"] = exc
+
+        self.joiner = threading.Thread(target=target, daemon=True, name="nbdist-join")
+        self.joiner.start()
+        workers = {r for r in watch.ranks if r}
+        while self.joiner.is_alive():
+            self.joiner.join(0.05)
+            if self.joiner.is_alive():
+                watch.check(workers, what)
+        self.joiner = None
+        if "error" in box:
+            raise box["error"]
+
+    def leave(self, timeout: float = 5.0) -> None:
+        """Leave the world without waiting for peers; ready for the next ``init_rpc``."""
+        import torch.distributed as dist
+        import torch.distributed.rpc as rpc
+
+        if self.joiner is not None:  # a start that timed out: its join ends by the deadline
+            self.joiner.join(timeout)
+        if self.pg_up:
+            try:
+                dist.destroy_process_group()
+            except Exception:  # noqa: BLE001
+                pass
+            self.pg_up = False
+        if self.rpc_up:
+            try:
+                rpc.shutdown(graceful=False)
+            except Exception:  # noqa: BLE001
+                pass
+            self.rpc_up = False
+        rpc_hooks.reset_world_state()
+
+
+class loopback_env:  # noqa: N801 - used as a context manager, like a function
+    """Make torch's TensorPipe and Gloo listen on loopback only while rank 0 joins."""
+
+    KEYS = {"TP_SOCKET_IFNAME": "lo", "GLOO_SOCKET_IFNAME": "lo"}
+
+    def __enter__(self) -> None:
+        self.saved = {k: os.environ.get(k) for k in self.KEYS}
+        os.environ.update(self.KEYS)
+
+    def __exit__(self, *exc: Any) -> None:
+        for k, v in self.saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

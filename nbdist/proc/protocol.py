@@ -1,0 +1,296 @@
+"""Every message of the control plane, defined once, and the one place frames are coded.
+
+A frame on the wire is a 4-byte big-endian length, then a pickle of ``(VERSION, tag, fields)``.
+Decoding uses an unpickler that only builds plain data (str, bytes, numbers, tuples, lists,
+dicts, sets) and nbdist's own classes, so a frame holding a class the receiver lacks, a
+wrong version, an unknown tag or a damaged pickle is a ``ProtocolError`` for that one frame:
+the reader reports it and goes on. A length over ``MAX_FRAME`` cannot be skipped safely and
+is a ``FramingError``: the connection is closed.
+
+Directions: W→N worker to notebook, N→W notebook to worker, N→T and T→N the notebook and the
+warm template process.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import struct
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar
+
+__all__ = [
+    "HEADER",
+    "MAX_FRAME",
+    "VERSION",
+    "Exec",
+    "Exit",
+    "Exited",
+    "Failed",
+    "Flush",
+    "Flushed",
+    "FramingError",
+    "Hello",
+    "Interrupt",
+    "Kill",
+    "Message",
+    "Metrics",
+    "Output",
+    "ProtocolError",
+    "Ready",
+    "Result",
+    "Spawn",
+    "Spawned",
+    "Stop",
+    "TemplateReady",
+    "decode",
+    "encode",
+    "frame_length",
+]
+
+VERSION = 1
+HEADER = struct.Struct("!I")
+MAX_FRAME = 256 << 20  # a length beyond this is taken as a broken stream, not a big message
+
+
+class ProtocolError(ValueError):
+    """One frame could not be decoded into a known message; the stream is still in step."""
+
+
+class FramingError(ProtocolError):
+    """The stream itself is broken (an impossible length): the connection must be closed."""
+
+
+_TAGS: dict[str, type[Message]] = {}
+
+
+class Message:
+    """Base of every control message; ``TAG`` names it on the wire."""
+
+    __slots__ = ()
+    TAG: ClassVar[str] = ""
+
+
+def _message(cls: type) -> type:
+    """Make ``cls`` a frozen slotted dataclass and register its tag."""
+    cls = dataclass(frozen=True, slots=True)(cls)
+    if cls.TAG in _TAGS:
+        raise TypeError(f"two control messages are tagged {cls.TAG!r}")
+    _TAGS[cls.TAG] = cls
+    return cls
+
+
+# ---- worker -> notebook -----------------------------------------------------------------------
+@_message
+class Hello(Message):
+    """W→N, first message on a new connection: which rank this is."""
+
+    TAG: ClassVar[str] = "hello"
+    rank: int
+    pid: int
+
+
+@_message
+class Ready(Message):
+    """W→N: the rank joined the RPC world (and process group) and serves requests."""
+
+    TAG: ClassVar[str] = "ready"
+    rank: int
+    pid: int
+
+
+@_message
+class Failed(Message):
+    """W→N: start-up failed; the formatted traceback. The worker exits after sending it."""
+
+    TAG: ClassVar[str] = "failed"
+    rank: int
+    traceback: str
+
+
+@_message
+class Output(Message):
+    """W→N: text the rank wrote to ``stream`` ("stdout" or "stderr"), any chunking."""
+
+    TAG: ClassVar[str] = "out"
+    rank: int
+    stream: str
+    text: str
+
+
+@_message
+class Metrics(Message):
+    """W→N: one batch of ``nbdist.log`` records, ``(rank, name, rows, internal)``."""
+
+    TAG: ClassVar[str] = "metrics"
+    rank: int
+    batch: tuple
+
+
+@_message
+class Result(Message):
+    """W→N: a cell finished. ``status`` is "ok" (``value``: repr of the last expression or
+    None) or "error" (``error_type``, ``error``, ``traceback``)."""
+
+    TAG: ClassVar[str] = "result"
+    rank: int
+    exec_id: int
+    status: str
+    value: str | None = None
+    error_type: str = ""
+    error: str = ""
+    traceback: str = ""
+
+
+@_message
+class Flushed(Message):
+    """W→N: everything printed or logged before the ``Flush(token)`` has been sent."""
+
+    TAG: ClassVar[str] = "flushed"
+    rank: int
+    token: int
+
+
+# ---- notebook -> worker -----------------------------------------------------------------------
+@_message
+class Exec(Message):
+    """N→W: run ``code`` as a cell (``filename`` names it in tracebacks)."""
+
+    TAG: ClassVar[str] = "exec"
+    exec_id: int
+    code: str
+    filename: str
+
+
+@_message
+class Interrupt(Message):
+    """N→W: raise KeyboardInterrupt in the running cell and in running RPC functions."""
+
+    TAG: ClassVar[str] = "interrupt"
+
+
+@_message
+class Flush(Message):
+    """N→W: send everything printed or logged so far, then ``Flushed(token)``."""
+
+    TAG: ClassVar[str] = "flush"
+    token: int
+
+
+@_message
+class Stop(Message):
+    """N→W: flush and exit now."""
+
+    TAG: ClassVar[str] = "stop"
+
+
+# ---- notebook <-> template --------------------------------------------------------------------
+@_message
+class TemplateReady(Message):
+    """T→N: torch is imported; the template takes ``Spawn`` requests."""
+
+    TAG: ClassVar[str] = "template-ready"
+    pid: int
+
+
+@_message
+class Spawn(Message):
+    """N→T: fork one worker with this configuration (a dict of plain values)."""
+
+    TAG: ClassVar[str] = "spawn"
+    config: dict
+
+
+@_message
+class Spawned(Message):
+    """T→N: the worker for ``rank`` is process ``pid``."""
+
+    TAG: ClassVar[str] = "spawned"
+    rank: int
+    pid: int
+
+
+@_message
+class Exited(Message):
+    """T→N: a worker ended; ``code`` as ``os.waitstatus_to_exitcode`` gives it."""
+
+    TAG: ClassVar[str] = "exited"
+    pid: int
+    code: int
+
+
+@_message
+class Kill(Message):
+    """N→T: send ``signal`` to these workers (only ones the template forked and has not reaped,
+    so a reused pid is never signalled)."""
+
+    TAG: ClassVar[str] = "kill"
+    pids: tuple
+    signal: int
+
+
+@_message
+class Exit(Message):
+    """N→T: kill every worker, remove the runtime directory, exit."""
+
+    TAG: ClassVar[str] = "exit"
+
+
+# ---- coding -----------------------------------------------------------------------------------
+_ALLOWED_BUILTINS = frozenset({"set", "frozenset", "complex", "slice", "range", "bytearray"})
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    """Builds plain data and nbdist's own classes; anything else is refused."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module == "builtins" and name in _ALLOWED_BUILTINS) or module == "nbdist" or \
+                module.startswith("nbdist."):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"the message holds a {module}.{name}, which the "
+                                     "control channel does not carry")
+
+
+_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def encode(msg: Message) -> bytes:
+    """The payload of one frame (without the length header)."""
+    cls = type(msg)
+    names = _FIELDS.get(cls)
+    if names is None:
+        names = _FIELDS[cls] = tuple(f.name for f in fields(cls))
+    values = tuple(getattr(msg, n) for n in names)
+    return pickle.dumps((VERSION, msg.TAG, values), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def decode(payload: bytes) -> Message:
+    """The message in one frame's payload; ``ProtocolError`` if it is not a known message."""
+    try:
+        obj = _PlainUnpickler(io.BytesIO(payload)).load()
+    except Exception as exc:  # noqa: BLE001 - any damage to the pickle is the same to us
+        raise ProtocolError(f"undecodable frame ({len(payload)} bytes): {exc}") from None
+    if not (isinstance(obj, tuple) and len(obj) == 3):
+        raise ProtocolError(f"a frame that is not a control message: {type(obj).__name__}")
+    version, tag, values = obj
+    if version != VERSION:
+        raise ProtocolError(f"a control message of protocol version {version!r} (this side "
+                            f"speaks {VERSION}); mixed nbdist versions?")
+    cls = _TAGS.get(tag) if isinstance(tag, str) else None
+    if cls is None:
+        raise ProtocolError(f"an unknown control message {tag!r}")
+    if not isinstance(values, tuple):
+        raise ProtocolError(f"a {tag!r} message whose fields are not a tuple")
+    try:
+        return cls(*values)
+    except TypeError as exc:
+        raise ProtocolError(f"a {tag!r} message with the wrong fields: {exc}") from None
+
+
+def frame_length(header: bytes) -> int:
+    """The payload length a header announces; ``FramingError`` if it cannot be right."""
+    (n,) = HEADER.unpack(header)
+    if n > MAX_FRAME:
+        raise FramingError(f"a frame header announcing {n} bytes (limit {MAX_FRAME}): "
+                           "the stream is out of step")
+    return n
