@@ -1,0 +1,61 @@
+"""``%dist_status``: a row per rank and one for the warm template, as text and as HTML."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import nbdist.cluster.core as cl
+from nbdist.cluster.status import TEMPLATE_RANK, StatusTable, collect_status
+
+
+def _text_rows(table: StatusTable) -> list[list[str]]:
+    return [re.split(r"\s{2,}", line.strip()) for line in str(table).splitlines()]
+
+
+def test_dist_status_shows_every_rank_as_text_and_html(ipython):
+    ipython.run_line_magic("dist_start", "2 --name agent --worker-name obs{rank}")
+    table = ipython.run_line_magic("dist_status", "")
+    rows = _text_rows(table)
+    assert rows[0] == list(StatusTable.COLUMNS)
+    by_name = {r[1]: r for r in rows[1:]}
+    assert by_name["agent"][:4] == ["0", "agent", str(os.getpid()), "notebook"]
+    c = cl.current()
+    for rank, name in ((1, "obs1"), (2, "obs2")):
+        assert by_name[name][:4] == [str(rank), name, str(c.ranks[rank].pid), "alive"]
+        assert float(by_name[name][5]) > 0  # memory MB
+    page = table._repr_html_()
+    assert page.startswith("<table class='nbdist-status'>") and page.count("<tr") == 4
+    for name in ("agent", "obs1", "obs2"):
+        assert f"<td>{name}</td>" in page
+    assert "color:#b00" not in page  # nobody dead
+    assert table.alive() == {0: True, 1: True, 2: True}
+
+
+def test_template_row_shows_the_warm_template(world):
+    c = world(1)
+    pid = cl._template.pid
+    table = collect_status(c, template_pid=pid)
+    row = table.rows[-1]
+    assert row["rank"] == TEMPLATE_RANK and row["name"] == "template" and row["pid"] == pid
+    assert row["alive"] and row["state"] == "warm template"
+    assert row["mem_mb"] > 1 and row["uptime"] >= 0
+    last = _text_rows(table)[-1]
+    assert last[:4] == ["-", "template", str(pid), "warm template"]
+    assert len(last) == len(StatusTable.COLUMNS)
+    page = table._repr_html_()
+    assert f"<tr><td>-</td><td>template</td><td>{pid}</td><td>warm template</td>" in page
+    assert table.alive() == {0: True, 1: True}  # the template is not a rank
+    assert TEMPLATE_RANK not in {r["rank"] for r in collect_status(c).rows}  # only when asked
+
+
+def test_template_row_of_a_gone_template(world):
+    import subprocess
+
+    c = world(1)
+    proc = subprocess.Popen(["true"])
+    proc.wait(timeout=10)
+    row = collect_status(c, template_pid=proc.pid).rows[-1]
+    assert row["state"] == "gone" and not row["alive"] and row["mem_mb"] is None
+    page = collect_status(c, template_pid=proc.pid)._repr_html_()
+    assert '<tr style="color:#b00"><td>-</td><td>template</td>' in page
