@@ -6,6 +6,7 @@ import os
 import re
 
 import nbdist.cluster.core as cl
+from nbdist.cluster.session import SESSION
 from nbdist.cluster.status import TEMPLATE_RANK, StatusTable, collect_status
 
 
@@ -24,9 +25,11 @@ def test_dist_status_shows_every_rank_as_text_and_html(ipython):
     for rank, name in ((1, "obs1"), (2, "obs2")):
         assert by_name[name][:4] == [str(rank), name, str(c.ranks[rank].pid), "alive"]
         assert float(by_name[name][5]) > 0  # memory MB
+    assert by_name["template"][:4] == ["-", "template", str(SESSION.template.pid),
+                                       "warm template"]
     page = table._repr_html_()
-    assert page.startswith("<table class='nbdist-status'>") and page.count("<tr") == 4
-    for name in ("agent", "obs1", "obs2"):
+    assert page.startswith("<table class='nbdist-status'>") and page.count("<tr") == 5
+    for name in ("agent", "obs1", "obs2", "template"):
         assert f"<td>{name}</td>" in page
     assert "color:#b00" not in page  # nobody dead
     assert table.alive() == {0: True, 1: True, 2: True}
@@ -34,7 +37,7 @@ def test_dist_status_shows_every_rank_as_text_and_html(ipython):
 
 def test_template_row_shows_the_warm_template(world):
     c = world(1)
-    pid = cl._template.pid
+    pid = SESSION.template.pid
     table = collect_status(c, template_pid=pid)
     row = table.rows[-1]
     assert row["rank"] == TEMPLATE_RANK and row["name"] == "template" and row["pid"] == pid

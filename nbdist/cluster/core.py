@@ -228,7 +228,7 @@ class Cluster:
     # ------------------------------------------------------------------ status
     def status(self) -> StatusTable:
         """A table of every rank: pid, alive or how it died, CPU %, memory, uptime."""
-        return collect_status(self)
+        return collect_status(self, template_pid=SESSION.template_pid())
 
     def worker_pids(self) -> list[int]:
         return [i.pid for r, i in self.ranks.items() if r != 0 and i.pid is not None]

@@ -11,6 +11,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from ..table import text_table
+
 __all__ = ["StatusTable", "collect_status"]
 
 _procs: dict[int, Any] = {}  # pid -> psutil.Process, so cpu_percent has a baseline
@@ -49,10 +51,7 @@ class StatusTable:
                 num(row["cpu"], ".0f"), num(row["mem_mb"], ".0f"), num(row["uptime"], ".1f")]
 
     def __str__(self) -> str:
-        table = [list(self.COLUMNS)] + [self._cells(r) for r in self.rows]
-        widths = [max(len(line[i]) for line in table) for i in range(len(self.COLUMNS))]
-        return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True))
-                         .rstrip() for line in table)
+        return text_table(self.COLUMNS, [self._cells(r) for r in self.rows])
 
     __repr__ = __str__
 
