@@ -100,6 +100,7 @@ def test_picture_file_outside_a_notebook(world, tmp_path):
     first = open(path, "rb").read()
     assert first.startswith(PNG)
     c.run("import nbdist\nfor i in range(200):\n    nbdist.log(reward=i)\n", show=False)
+    deadline = time.monotonic() + 10
     while open(path, "rb").read() == first and time.monotonic() < deadline:
         time.sleep(0.05)
     assert open(path, "rb").read() != first, "the picture file was not refreshed"
@@ -108,6 +109,7 @@ def test_picture_file_outside_a_notebook(world, tmp_path):
     d.save(str(tmp_path / "run.svg"))
     assert b"<svg" in open(tmp_path / "run.svg", "rb").read(200)
     d.close()
+    assert sorted(os.listdir(tmp_path)) == ["live.png", "run.png", "run.svg"], "temp files left"
 
 
 def test_record_timing_from_a_worker_reaches_the_notebook(world):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from nbdist.patches.quiet import filter_lines
+from nbdist.patches.quiet import MAX_PARTIAL, filter_chunk, filter_lines
 
 TRACE = [
     b"[E1121 09:15:33.120 rref_impl.cpp:108] Error occurred when deletingUserRRef(rref_id=G"
@@ -30,3 +30,20 @@ def test_trace_split_across_reads():
     assert keep1 == [] and in_block
     keep2, in_block = filter_lines([*TRACE[2:], b"next"], in_block)
     assert keep2 == [b"next"] and not in_block
+
+
+def test_partial_lines_are_held_only_while_they_could_be_noise():
+    text, pending, in_block = filter_chunk(b"user says hi\n[W1121 tensorpipe_age", False)
+    assert (text, pending, in_block) == (b"user says hi\n", b"[W1121 tensorpipe_age", False)
+    text, pending, _ = filter_chunk(pending + b"nt.cpp:7] encountered error eof\nok", False)
+    assert (text, pending) == (b"ok", b"")  # the noise line dropped, "ok" passed on at once
+
+
+def test_a_huge_unfinished_line_passes_through_in_pieces():
+    held = b""
+    out = b""
+    for _ in range(40):  # 40 x 4 KB of one line that starts like torch's log lines
+        out_piece, held, _ = filter_chunk(held + (b"[" + b"x" * 4095), False)
+        out += out_piece
+        assert len(held) <= MAX_PARTIAL
+    assert len(out) + len(held) == 40 * 4096 and out.startswith(b"[x")

@@ -12,15 +12,23 @@ place while a cell is still running; nothing is cleared, nothing is appended to 
 Static: the displayed output also carries an ``image/png`` picture of every panel, so a
 notebook run by nbclient/nbconvert keeps a picture. After each cell, while no live view of the
 widget exists (``_view_count`` stays 0 without a widget frontend) and the data changed, the
-picture is replaced in place (``update_display``). Outside a kernel (a terminal), the picture
-is written to a file instead, refreshed about once a second. ``save(path)`` writes one anytime.
+picture is replaced in place (``update_display``). Outside a kernel (a terminal) nothing is
+drawn unless asked: ``save_to=path`` keeps a file refreshed about once a second, and
+``save(path)`` writes one anytime. Nothing is ever written where the user did not name a path.
+
+Curves are drawn from ``SeriesStore``'s bounded envelopes, so a redraw costs the same with a
+thousand points or a million. Exits are clean: an ``atexit`` handler, registered when the
+first dashboard is made (after the cluster's, so it runs before it), closes every dashboard
+and joins its thread, so no nbdist drawing runs while the interpreter shuts down.
 """
 
 from __future__ import annotations
 
+import atexit
 import base64
 import datetime
 import os
+import tempfile
 import threading
 import weakref
 from collections.abc import Sequence
@@ -37,6 +45,9 @@ _open: weakref.WeakSet = weakref.WeakSet()
 _VIEW = "application/vnd.jupyter.widget-view+json"
 STATUS_EVERY = 1.0  # seconds between status samples
 FILE_EVERY = 1.0  # seconds between picture files in a terminal
+JOIN_SECONDS = 5.0  # how long close() waits for a redraw in progress
+_exit_hook_lock = threading.Lock()
+_exit_hook = False
 
 
 def _kernel_shell() -> Any:
@@ -86,6 +97,7 @@ class Dashboard:
         if use_widgets:
             self._build_widget()
         self._thread = threading.Thread(target=self._run, daemon=True, name="nbdist-dashboard")
+        _register_exit_hook()
         _open.add(self)
 
     # ------------------------------------------------------------------ data
@@ -111,7 +123,7 @@ class Dashboard:
         names = dict(self.store.names)
         for r in rows:
             names.setdefault(r["rank"], r["name"])
-        return render.Snapshot(series=self.store.snapshot(keys), names=names,
+        return render.Snapshot(series=self.store.snapshot(keys, self.window), names=names,
                                samples=tracing.samples(), rows=rows,
                                timings=timing.timings() + self.store.timing_rows(),
                                window=self.window,
@@ -140,18 +152,26 @@ class Dashboard:
         self._status_rows(force=True)
         return render.to_png(self.figure())
 
-    def save(self, path: str = "nbdist-dashboard.png") -> str:
-        """Write every panel to ``path`` (PNG, or any format matplotlib knows by extension)."""
+    def save(self, path: str) -> str:
+        """Write every panel to ``path`` (PNG, or any format matplotlib knows by extension).
+
+        Written to a temporary file beside it, then renamed: readers never see half a file.
+        """
         self._status_rows(force=True)
         fig = self.figure()
-        tmp = f"{path}.tmp{os.getpid()}"  # written whole, then renamed: readers never see half
-        if path.lower().endswith(".png"):
-            with open(tmp, "wb") as f:
-                f.write(render.to_png(fig))
-        else:
-            fmt = os.path.splitext(path)[1].lstrip(".") or None
-            fig.savefig(tmp, dpi=render.DPI, format=fmt)
-        os.replace(tmp, path)
+        folder, base = os.path.split(os.path.abspath(path))
+        fd, tmp = tempfile.mkstemp(prefix=f".{base}.", suffix=".tmp", dir=folder)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                if path.lower().endswith(".png"):
+                    f.write(render.to_png(fig))
+                else:
+                    fmt = os.path.splitext(path)[1].lstrip(".") or None
+                    fig.savefig(f, dpi=render.DPI, format=fmt)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
         return path
 
     # ------------------------------------------------------------------ widget
@@ -254,7 +274,9 @@ class Dashboard:
                 self._shell.events.register("post_run_cell", self._after_cell)
         if self.widget is None:
             if self.save_to is None:
-                self.save_to = "nbdist-dashboard.png"
+                print("nbdist: no notebook frontend here, so the dashboard is not drawn; "
+                      "`.save(path)` writes a picture, `save_to=path` keeps one up to date")
+                return
             self.save(self.save_to)
             print(f"nbdist: no notebook frontend here; the dashboard is written to "
                   f"{self.save_to} (refreshed while data arrives)")
@@ -285,11 +307,14 @@ class Dashboard:
         except Exception as exc:  # noqa: BLE001
             self.last_error = f"{type(exc).__name__}: {exc}"
 
-    def close(self) -> None:
-        """Stop updating (the last picture stays); stops following the metrics stream."""
+    def close(self, timeout: float = JOIN_SECONDS) -> None:
+        """Stop updating (the last picture stays); stops following the metrics stream.
+
+        Waits up to ``timeout`` seconds for a redraw in progress to finish.
+        """
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(5.0)
+            self._thread.join(timeout)
         self.store.detach()
         if self._shell is not None:
             try:
@@ -310,7 +335,7 @@ def dashboard(keys: Sequence[str] | str | None = None, window: int = 20, hz: flo
 
     ``keys``: the logged values to plot (default: the first ``max_keys`` logged); ``window``:
     steps in the running mean; ``hz``: most redraws a second; ``save_to``: also keep a PNG
-    file (outside a notebook it is written to ``nbdist-dashboard.png`` by default).
+    file up to date (nothing is written unless a path is given).
     ``.save(path)`` writes a picture, ``.close()`` stops the updates.
     """
     d = Dashboard(keys=keys, window=window, hz=hz, max_keys=max_keys, save_to=save_to)
@@ -320,7 +345,27 @@ def dashboard(keys: Sequence[str] | str | None = None, window: int = 20, hz: flo
     return d.start()
 
 
-def close_all() -> None:
-    """Stop every open dashboard of this process."""
-    for d in list(_open):
-        d.close()
+def close_all(timeout: float = JOIN_SECONDS) -> None:
+    """Stop every open dashboard of this process, within about ``timeout`` seconds in all."""
+    deadline = perf_counter() + timeout
+    dashes = list(_open)
+    for d in dashes:
+        d._stop.set()  # every thread stops at its next wake-up, not one after the other
+    for d in dashes:
+        d.close(max(0.0, deadline - perf_counter()))
+
+
+def _register_exit_hook() -> None:
+    """Close the dashboards at exit, before the cluster's own handler stops the world.
+
+    ``atexit`` runs handlers last-registered first; importing ``nbdist.cluster.core`` first
+    makes sure the cluster's handler is registered already.
+    """
+    global _exit_hook
+    with _exit_hook_lock:
+        if _exit_hook:
+            return
+        import nbdist.cluster.core  # noqa: F401 - registers its atexit handler first
+
+        atexit.register(close_all)
+        _exit_hook = True

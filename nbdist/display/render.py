@@ -6,7 +6,9 @@ pyplot: drawing is safe from a background thread and leaves the notebook's backe
 
 The data shapes:
 
-- ``series``: ``{key: {rank: (steps, values)}}``, one curve per rank and logged value;
+- ``series``: ``{key: {rank: curve}}``, one curve per rank and logged value: ``(steps,
+  values)`` with every point, or ``(steps, values, mean steps, running mean)`` already
+  downsampled (``nbdist.display.collect.Envelope``);
 - ``names``: ``{rank: name}`` for legends;
 - ``samples``: RPC calls ``(wall time, caller, callee, function, latency s, bytes)``
   (``nbdist.telemetry.tracing.samples()``);
@@ -29,6 +31,7 @@ from matplotlib.figure import Figure
 
 __all__ = [
     "Snapshot",
+    "curve_points",
     "dashboard_figure",
     "draw_latency",
     "draw_metric",
@@ -99,11 +102,21 @@ def running_mean(values: Sequence[float], window: int) -> np.ndarray:
 
 
 def thin(x: Sequence, y: Sequence, max_points: int = MAX_POINTS) -> tuple[np.ndarray, np.ndarray]:
-    """Every k-th point so at most ``max_points`` remain (the last point is always kept)."""
+    """At most ``max_points`` points that keep the curve's shape: the first and the last, and
+    the lowest and highest point of each of ``(max_points - 4) // 2`` equal slices."""
     x, y = np.asarray(x), np.asarray(y)
-    if x.size <= max_points:
+    n = y.size
+    if n <= max_points:
         return x, y
-    idx = np.unique(np.append(np.linspace(0, x.size - 1, max_points).astype(int), x.size - 1))
+    b = max(1, (max_points - 4) // 2)
+    k = n // b
+    base = np.arange(b) * k
+    main = y[: b * k].reshape(b, k)
+    picks = [np.array([0, n - 1]), base + main.argmin(axis=1), base + main.argmax(axis=1)]
+    if b * k < n:
+        tail = y[b * k:]
+        picks.append(np.array([b * k + tail.argmin(), b * k + tail.argmax()]))
+    idx = np.unique(np.concatenate(picks))
     return x[idx], y[idx]
 
 
@@ -118,6 +131,24 @@ def _empty(ax: Any, text: str) -> None:
     ax.set_yticks([])
 
 
+def curve_points(curve: Sequence, window: int,
+                 max_points: int = MAX_POINTS) -> tuple[np.ndarray, ...]:
+    """``(steps, values, mean steps, running mean)`` to draw, at most ``max_points`` each.
+
+    ``curve`` is ``(steps, values)`` (every point: thinned here, the mean computed on all of
+    them first) or already downsampled ``(steps, values, mean steps, mean values)``.
+    """
+    if len(curve) == 4:
+        return tuple(np.asarray(c) for c in curve)
+    steps, values = curve
+    if len(values) == 0:
+        empty = np.asarray([])
+        return empty, empty, empty, empty
+    xs, ys = thin(steps, values, max_points)
+    xm, ym = thin(steps, running_mean(values, window), max_points)
+    return xs, ys, xm, ym
+
+
 def draw_metric(ax: Any, curves: dict[int, tuple[Sequence, Sequence]], key: str,
                 names: dict[int, str] | None = None, window: int = 20) -> None:
     """One logged value: a faint raw line and a bold running mean per rank."""
@@ -127,14 +158,11 @@ def draw_metric(ax: Any, curves: dict[int, tuple[Sequence, Sequence]], key: str,
         _empty(ax, f"no '{key}' logged yet")
         return
     for rank in sorted(curves):
-        steps, values = curves[rank]
-        if len(values) == 0:
+        xs, ys, xm, ym = curve_points(curves[rank], window)
+        if len(ys) == 0:
             continue
         color = rank_color(rank)
-        mean = running_mean(values, window)
-        xs, ys = thin(steps, values)
         ax.plot(xs, ys, color=color, lw=0.7, alpha=0.35)
-        xm, ym = thin(steps, mean)
         ax.plot(xm, ym, color=color, lw=1.8, label=_label(rank, names))
     ax.grid(alpha=0.3)
     ax.tick_params(labelsize=8)

@@ -16,7 +16,8 @@ import os
 import re
 import threading
 
-__all__ = ["NOISE_LINE", "NOISE_BLOCK", "filter_lines", "install", "installed"]
+__all__ = ["MAX_PARTIAL", "NOISE_BLOCK", "NOISE_LINE", "filter_chunk", "filter_lines", "install",
+           "installed"]
 
 NOISE_LINE = re.compile(rb"tensorpipe_agent\.cpp.*encountered error .*(pipe closed|eof|"
                         rb"Connection reset by peer|connection closed)")
@@ -26,6 +27,7 @@ NOISE_BLOCK = re.compile(rb"Error occurred when deletingUserRRef|Detected RRef L
 _BLOCK_TAIL = re.compile(rb"^(frame #\d+:|<omitting python frames>|Exception raised from|"
                          rb"Leaking RRef|\s*$)")
 
+MAX_PARTIAL = 64 * 1024  # bytes of an unfinished line held back, at most
 _installed = False
 
 
@@ -73,18 +75,26 @@ def _pump(r: int, out: int) -> None:
             return
         if not data:
             return
-        pending += data
-        *lines, pending = pending.split(b"\n")
-        keep, in_block = filter_lines(lines, in_block)
-        if pending and not in_block and not NOISE_BLOCK.search(pending) \
-                and not pending.startswith(b"[") and not pending.startswith(b"frame #"):
-            keep.append(pending)  # a partial line that cannot be noise: pass it on now
-            pending = b""
-            text = b"\n".join(keep)
-        else:
-            text = b"".join(ln + b"\n" for ln in keep)
+        text, pending, in_block = filter_chunk(pending + data, in_block)
         if text:
             try:
                 os.write(out, text)
             except OSError:
                 pass
+
+
+def filter_chunk(buf: bytes, in_block: bool) -> tuple[bytes, bytes, bool]:
+    """Filter what arrived (``buf``: the held partial line plus new bytes).
+
+    Returns ``(bytes to pass on, partial line to hold, in_block)``. A partial line is held
+    only while it could still turn out to be noise, and never beyond ``MAX_PARTIAL`` bytes:
+    a longer line is passed on in pieces.
+    """
+    *lines, pending = buf.split(b"\n")
+    keep, in_block = filter_lines(lines, in_block)
+    text = b"".join(ln + b"\n" for ln in keep)
+    if pending and (len(pending) > MAX_PARTIAL or not (
+            in_block or NOISE_BLOCK.search(pending) or pending.startswith(b"[")
+            or pending.startswith(b"frame #"))):
+        return text + pending, b"", in_block  # cannot be noise (or too long to hold)
+    return text, pending, in_block

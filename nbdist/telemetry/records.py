@@ -3,14 +3,23 @@
 A record is a dict: ``rank``, ``name`` (the rank's RPC name), ``step``, ``time`` (wall clock,
 ``time.time()`` when logged) and the logged values.
 
-On a worker, ``log`` appends ``(step, time, values)`` to a lock-free ``deque`` (``append`` is
-atomic; ``values`` is the call's own keyword dict), and a background thread sends whatever has
-accumulated to the notebook every 50 ms as one ``("metrics", rank, batch)`` message, so a tight
-logging loop costs about half a microsecond a call. Rank 0 builds the record dicts.
-Taking a batch and sending it happen under one lock, and the worker also flushes before it
-reports a ``%%dist`` cell's result, so records of one rank arrive in the order they were
-logged and before the cell's result. On the notebook (rank 0) records go straight into the
-history. Subscribers (``subscribe``) are called with each delivered batch.
+Worker side: ``log`` appends ``(step, time, values)`` to a ``deque`` (``append`` is atomic;
+``values`` is the call's own keyword dict), and a background thread sends what accumulated to
+the notebook every 50 ms, in batches of at most ``BATCH_ROWS`` rows, so a tight logging loop
+costs well under a microsecond a call. The queue is bounded (``MAX_PENDING``): when it is
+full, ``log`` waits for the flusher (back-pressure) instead of dropping records. Taking a batch
+and sending it happen under one lock, and the worker also flushes before it reports a
+``%%dist`` cell's result, so records of one rank arrive in order and before the cell's result.
+
+Values other than ``float``, ``int``, ``str``, ``bool`` and ``None`` travel as an ``Opaque``:
+the value pickled on the worker plus its ``repr``. The notebook unpickles it when the batch is
+delivered and keeps the ``repr`` string when it cannot (a lock, a class only the worker has).
+
+Notebook side: the history is stored by column (``_Table``): per record a rank, a name
+index, a step and a time in ``array`` columns; per value name the indices of the records
+that carry it and their values (an ``array('d')``/``array('q')`` while they are all floats
+or all ints, a list otherwise): about 40 bytes a record of one float. Subscribers
+(``subscribe``) are called with each delivered batch as record dicts.
 
 Batches also carry *internal* records (a ``"__nbdist__"`` key: RPC traces, benchmark timings);
 ``_deliver`` hands those to their handler (``register_internal``) and never puts them in the
@@ -22,12 +31,15 @@ from __future__ import annotations
 import collections
 import csv
 import json
+import pickle
 import threading
 import time
-from collections.abc import Callable
+from array import array
+from collections.abc import Callable, Iterable
 from typing import Any
 
 __all__ = [
+    "Opaque",
     "clear_history",
     "export_history",
     "flush_worker",
@@ -36,6 +48,7 @@ __all__ = [
     "history",
     "history_frame",
     "log",
+    "record_count",
     "register_internal",
     "send_internal",
     "subscribe",
@@ -44,9 +57,12 @@ __all__ = [
 
 META = ("rank", "name", "step", "time")
 INTERNAL = "__nbdist__"
+MAX_PENDING = 100_000  # records a worker holds before log() waits for the flusher
+BATCH_ROWS = 20_000  # rows per metrics message
+STALL_SECONDS = 5.0  # log() stops waiting when the flusher made no progress for this long
+REPR_CHARS = 200  # an Opaque's repr is cut to this length
 
 _lock = threading.Lock()
-_history: list[dict] = []
 _subscribers: list[Callable[[list[dict]], None]] = []
 _internal: dict[str, Callable[[dict], None]] = {}
 # internal record kinds and the module that registers a handler for them when imported
@@ -62,6 +78,7 @@ _pending_internal: collections.deque = collections.deque()
 _send_lock = threading.Lock()
 _extra_sources: list[Callable[[], list[dict]]] = []
 _worker = False
+_sent = 0  # rows the flusher has taken so far (log() watches it while it waits)
 _FLUSH_EVERY = 0.05
 _PLAIN = frozenset((float, int, str, bool, type(None)))
 _RESERVED = frozenset(("rank", "name", "time"))
@@ -69,13 +86,148 @@ _append = _pending.append
 _now = time.time
 
 
+class Opaque:
+    """A logged value that is not plain data, as it crosses from a worker: pickle and repr."""
+
+    __slots__ = ("data", "text")
+
+    def __init__(self, data: bytes | None, text: str) -> None:
+        self.data, self.text = data, text
+
+    @classmethod
+    def wrap(cls, value: Any) -> Opaque:
+        """``value`` pickled (``data`` None if it cannot be) with its repr."""
+        try:
+            text = repr(value)
+        except Exception as exc:  # noqa: BLE001 - a repr that raises is still a value
+            text = f"<{type(value).__name__} (repr failed: {exc})>"
+        if len(text) > REPR_CHARS:
+            text = text[: REPR_CHARS - 3] + "..."
+        try:
+            data: bytes | None = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception:  # noqa: BLE001 - locks, sockets, generators...
+            data = None
+        return cls(data, text)
+
+    def unwrap(self) -> Any:
+        """The value again, or its repr string where it cannot be rebuilt here."""
+        if self.data is not None:
+            try:
+                return pickle.loads(self.data)
+            except Exception:  # noqa: BLE001 - a class this process lacks, and the like
+                pass
+        return self.text
+
+    def __getstate__(self) -> tuple:
+        return self.data, self.text
+
+    def __setstate__(self, state: tuple) -> None:
+        self.data, self.text = state
+
+    def __repr__(self) -> str:
+        return f"Opaque({self.text})"
+
+
+# ---------------------------------------------------------------------------- the history
+class _Column:
+    """One value name: indices of the records that carry it and their values."""
+
+    __slots__ = ("idx", "vals")
+
+    def __init__(self) -> None:
+        self.idx = array("q")
+        self.vals: Any = None  # array('d'), array('q') or list, chosen by the first value
+
+    def add(self, i: int, v: Any) -> None:
+        vals = self.vals
+        t = type(v)
+        if vals is None:
+            vals = self.vals = array("d") if t is float else array("q") if t is int else []
+        elif type(vals) is array and t is not (float if vals.typecode == "d" else int):
+            vals = self.vals = list(vals)
+        try:
+            vals.append(v)
+        except OverflowError:  # an int beyond 64 bits
+            vals = self.vals = list(vals)
+            vals.append(v)
+        self.idx.append(i)
+
+
+class _Table:
+    """Every record received, column by column (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.ranks = array("i")
+        self.name_ids = array("i")
+        self.steps = array("q")
+        self.times = array("d")
+        self.columns: dict[str, _Column] = {}
+        self.names: list[str] = []
+        self._name_ids: dict[str, int] = {}
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def add(self, rank: int, name: str, step: int, t: float, values: dict) -> None:
+        nid = self._name_ids.get(name)
+        if nid is None:
+            nid = self._name_ids[name] = len(self.names)
+            self.names.append(name)
+        i = len(self.steps)
+        self.steps.append(step)  # first: a step that is not a whole number fails here, alone
+        self.ranks.append(rank)
+        self.name_ids.append(nid)
+        self.times.append(t)
+        cols = self.columns
+        for key, v in values.items():
+            col = cols.get(key)
+            if col is None:
+                col = cols[key] = _Column()
+            col.add(i, v)
+
+    def select(self, rank: int | None, key: str | None) -> list[int]:
+        """Indices of the records of ``rank`` carrying ``key`` (None: any)."""
+        if key is not None:
+            col = self.columns.get(key)
+            sel: Iterable[int] = col.idx if col is not None else ()
+        else:
+            sel = range(len(self.steps))
+        if rank is not None:
+            ranks = self.ranks
+            return [i for i in sel if ranks[i] == rank]
+        return list(sel)
+
+    def rows(self, sel: list[int]) -> list[dict]:
+        """The records at indices ``sel`` (ascending) as new dicts."""
+        ranks, nids, steps, times, names = (self.ranks, self.name_ids, self.steps, self.times,
+                                            self.names)
+        out = [{"rank": ranks[i], "name": names[nids[i]], "step": steps[i], "time": times[i]}
+               for i in sel]
+        everything = len(sel) == len(steps)
+        pos = None if everything else {i: n for n, i in enumerate(sel)}
+        for key, col in self.columns.items():
+            if everything:
+                for i, v in zip(col.idx, col.vals, strict=True):
+                    out[i][key] = v
+                continue
+            for i, v in zip(col.idx, col.vals, strict=True):
+                n = pos.get(i)  # type: ignore[union-attr]
+                if n is not None:
+                    out[n][key] = v
+        return out
+
+
+_table = _Table()
+
+
 def log(step: int | None = None, **values: Any) -> None:
     """Record named values (numbers, usually) from whatever rank and thread runs this.
 
     ``step`` defaults to a per-process counter (one past the last step logged here; give it
-    explicitly when several threads log the same series). Values must be picklable; tensors
-    and numpy scalars of one element become Python numbers. ``rank``, ``name`` and ``time``
-    are reserved names.
+    explicitly when several threads log the same series). Tensors and numpy scalars of one
+    element become Python numbers; other values that are not plain data reach the notebook
+    as themselves when they can be pickled and rebuilt there, else as their ``repr``.
+    ``rank``, ``name`` and ``time`` are reserved names.
     """
     global _next_step
     if not values:
@@ -89,11 +241,26 @@ def log(step: int | None = None, **values: Any) -> None:
                          "pick other names for those values")
     if step is None:
         step = _next_step
+    elif type(step) is not int:
+        step = int(step)
     _next_step = step + 1
     if _worker:
+        if len(_pending) >= MAX_PENDING:
+            _wait_for_room()
         _append((step, _now(), values))  # the kwargs dict is ours: no copy
     else:
         _deliver([_record(_rank, _name, step, _now(), values)])
+
+
+def _wait_for_room() -> None:
+    """Back-pressure: sleep until the flusher took rows, giving up only when it stalls."""
+    seen, stalled_at = _sent, time.monotonic()
+    while len(_pending) >= MAX_PENDING:
+        time.sleep(0.002)
+        if _sent != seen:
+            seen, stalled_at = _sent, time.monotonic()
+        elif time.monotonic() - stalled_at > STALL_SECONDS:
+            return  # the flusher is stuck (the notebook is gone?): keep the record anyway
 
 
 def _record(rank: int, name: str, step: int, t: float, values: dict) -> dict:
@@ -105,7 +272,10 @@ def _record(rank: int, name: str, step: int, t: float, values: dict) -> dict:
 def _convert(values: dict) -> None:
     for key, v in values.items():
         if type(v) not in _PLAIN:
-            values[key] = _plain(v)
+            v = _plain(v)
+            if _worker and type(v) not in _PLAIN:
+                v = Opaque.wrap(v)
+            values[key] = v
 
 
 def _plain(v: Any) -> Any:
@@ -121,6 +291,13 @@ def _plain(v: Any) -> Any:
     return v
 
 
+def _unwrap(values: dict) -> dict:
+    for key, v in values.items():
+        if type(v) is Opaque:
+            values[key] = v.unwrap()
+    return values
+
+
 def _deliver(records: Any) -> None:
     """Rank 0: add records to the history and tell the subscribers (internal records aside).
 
@@ -130,14 +307,22 @@ def _deliver(records: Any) -> None:
     """
     if type(records) is tuple:
         rank, name, rows, specials = records
-        records = [_record(rank, name, s, t, v) for s, t, v in rows]
-    elif records and INTERNAL in records[-1]:
-        k = len(records)
-        while k and INTERNAL in records[k - 1]:
-            k -= 1
-        records, specials = records[:k], records[k:]
     else:
-        specials = ()
+        rows, specials = _split_internal(records)
+        rank = name = None
+    _handle_internal(specials)
+    if rows:
+        _store(rank, name, rows)
+
+
+def _split_internal(records: list[dict]) -> tuple[list, list]:
+    k = len(records)
+    while k and INTERNAL in records[k - 1]:
+        k -= 1
+    return records[:k], records[k:]
+
+
+def _handle_internal(specials: Iterable[dict]) -> None:
     for special in specials:
         handler = _handler(special[INTERNAL])
         if handler is not None:
@@ -145,14 +330,33 @@ def _deliver(records: Any) -> None:
                 handler(special)
             except Exception:  # noqa: BLE001 - a broken handler must not break logging
                 pass
-    if not records:
-        return
+
+
+def _store(rank: int | None, name: str | None, rows: list) -> None:
+    """Append ``rows`` (worker rows of ``rank`` or record dicts if ``rank`` is None)."""
+    added = []
     with _lock:
-        _history.extend(records)
+        add = _table.add
+        want = bool(_subscribers)
+        for row in rows:
+            try:
+                if rank is None:
+                    values = {k: v for k, v in row.items() if k not in META}
+                    r, nm, step, t = row["rank"], row["name"], row["step"], row["time"]
+                else:
+                    r, nm = rank, name
+                    step, t, values = row
+                    if not _PLAIN.issuperset(map(type, values.values())):
+                        values = _unwrap(values)
+                add(r, nm, step, t, values)
+            except Exception:  # noqa: BLE001 - one malformed row must not cost the batch
+                continue
+            if want:
+                added.append(_record(r, nm, step, t, values) if rank is not None else row)
         subs = list(_subscribers)
     for fn in subs:
         try:
-            fn(records)
+            fn(added)
         except Exception:  # noqa: BLE001 - a broken display must not break logging
             pass
 
@@ -193,9 +397,6 @@ def _set_identity(rank: int, name: str) -> None:
     """This process is ``rank`` called ``name`` (rank 0: called when its world is ready)."""
     global _rank, _name
     _rank, _name = rank, name
-    from . import tracing
-
-    tracing.arm(rank, name)
 
 
 def _start_worker_flusher(channel: Any, rank: int, name: str) -> None:
@@ -209,28 +410,64 @@ def _start_worker_flusher(channel: Any, rank: int, name: str) -> None:
 def _flush_loop(channel: Any, rank: int) -> None:
     while True:
         time.sleep(_FLUSH_EVERY)
-        flush_worker(channel, rank)
+        try:
+            flush_worker(channel, rank)
+        except BaseException:  # noqa: BLE001 - the flusher must outlive anything it meets
+            time.sleep(_FLUSH_EVERY)
+
+
+def _take(queue: collections.deque, n: int) -> list:
+    pop = queue.popleft
+    return [pop() for _ in range(n)]
+
+
+def _specials() -> list[dict]:
+    specials = _take(_pending_internal, len(_pending_internal))
+    for source in _extra_sources:
+        try:
+            specials.extend(source())
+        except Exception:  # noqa: BLE001
+            pass
+    return specials
 
 
 def flush_worker(channel: Any, rank: int) -> None:
-    """Send every record logged so far (and internal ones) as one ordered batch."""
+    """Send every record logged so far (and internal ones) in order, in one or more batches."""
+    global _sent
     with _send_lock:
-        n = len(_pending)
-        pop = _pending.popleft
-        rows = [pop() for _ in range(n)]
-        n = len(_pending_internal)
-        pop = _pending_internal.popleft
-        specials = [pop() for _ in range(n)]
-        for source in _extra_sources:
-            try:
-                specials.extend(source())
-            except Exception:  # noqa: BLE001
-                pass
-        if rows or specials:
-            try:
-                channel.send(("metrics", rank, (rank, _name, rows, specials)))
-            except OSError:
-                pass
+        left = len(_pending)
+        while True:
+            n = min(left, BATCH_ROWS)
+            rows = _take(_pending, n)
+            left -= n
+            _sent += n
+            specials = _specials() if left == 0 else []
+            if rows or specials:
+                _send_batch(channel, rank, (rank, _name, rows, specials))
+            if left == 0:
+                return
+
+
+def _send_batch(channel: Any, rank: int, batch: tuple) -> None:
+    """One metrics message; a batch that cannot be encoded is sent again value by value."""
+    try:
+        _send(channel, rank, batch)
+    except OSError:
+        pass  # the notebook is gone: nobody to tell
+    except Exception:  # noqa: BLE001 - a value that cannot cross: send its repr instead
+        r, name, rows, specials = batch
+        rows = [(s, t, {k: v if type(v) in _PLAIN or type(v) is Opaque else Opaque.wrap(v)
+                        for k, v in values.items()}) for s, t, values in rows]
+        try:
+            _send(channel, rank, (r, name, rows, specials))
+        except Exception:  # noqa: BLE001 - still not: drop this batch, keep the flusher
+            pass
+
+
+def _send(channel: Any, rank: int, batch: tuple) -> None:
+    # ``channel`` is the worker's metrics outbox (proc.worker): it wraps the batch in the
+    # protocol's Metrics message; telemetry sits below proc and does not import it
+    channel.send(batch)
 
 
 def generation() -> int:
@@ -238,15 +475,15 @@ def generation() -> int:
     return _generation
 
 
+def record_count() -> int:
+    """How many records the history holds."""
+    return len(_table)
+
+
 def history(rank: int | None = None, key: str | None = None) -> list[dict]:
     """Copies of the records received so far, optionally for one rank or one value name."""
     with _lock:
-        rows = list(_history)
-    if rank is not None:
-        rows = [r for r in rows if r["rank"] == rank]
-    if key is not None:
-        rows = [r for r in rows if key in r]
-    return [dict(r) for r in rows]
+        return _table.rows(_table.select(rank, key))
 
 
 def history_frame(rank: int | None = None, key: str | None = None) -> Any:
@@ -263,33 +500,28 @@ def clear_history() -> None:
 
     A worker's own counter restarts with each new world (give ``step=`` to control it).
     """
-    global _next_step, _generation
+    global _next_step, _generation, _table
     with _lock:
-        _history.clear()
+        _table = _Table()
         _generation += 1
     _next_step = 0
 
 
 def export_history(path: str) -> str:
     """Write the history to ``path``: ``.json`` (a list of records) or ``.csv``."""
+    if not path.endswith((".json", ".csv")):
+        raise ValueError(f"export_history: {path!r} should end in .csv or .json")
     rows = history()
     if path.endswith(".json"):
         with open(path, "w") as f:
-            json.dump(rows, f)
-    elif path.endswith(".csv"):
-        cols: list[str] = []
-        seen: set[str] = set()
-        for r in rows:
-            for k in r:
-                if k not in seen:
-                    seen.add(k)
-                    cols.append(k)
-        with open(path, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=cols)
-            w.writeheader()
-            w.writerows(rows)
-    else:
-        raise ValueError(f"export_history: {path!r} should end in .csv or .json")
+            json.dump(rows, f, default=repr)
+        return path
+    with _lock:
+        cols = [*META, *_table.columns]
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=cols)
+        w.writeheader()
+        w.writerows(rows)
     return path
 
 
@@ -305,11 +537,16 @@ def follow(fn: Callable[[list[dict]], None]) -> tuple[list[dict], int]:
     Every record is then either in the returned history or passed to ``fn`` later, never
     both, never neither. Calling it again for the same ``fn`` starts over.
     """
+    return follow_with(fn, lambda table: table.rows(table.select(None, None)))
+
+
+def follow_with(fn: Callable[[list[dict]], None], load: Callable[[_Table], Any]) -> tuple[Any, int]:
+    """Like ``follow``, but return ``load(history table)`` (read it inside ``load`` only)."""
     with _lock:
         if fn in _subscribers:
             _subscribers.remove(fn)
         _subscribers.append(fn)
-        return list(_history), _generation
+        return load(_table), _generation
 
 
 def unsubscribe(fn: Callable[[list[dict]], None]) -> None:

@@ -44,10 +44,11 @@ import html
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from time import perf_counter
 from typing import Any
 
+from ..table import text_table
 from . import records
 
 __all__ = [
@@ -60,6 +61,7 @@ __all__ = [
     "paused",
     "rpc_stats",
     "samples",
+    "set_peers",
     "total_calls",
     "version",
 ]
@@ -67,11 +69,13 @@ __all__ = [
 ENV = "NBDIST_TRACE"
 KEEP_PER_KEY = 100_000  # latencies kept per (caller, callee, function) for percentiles
 KEEP_TIMELINE = 50_000  # most recent calls kept for the dashboard's plots over time
+FOLD_AT = 10_000  # rank 0 folds its finished calls into the aggregates beyond this many
 
 _enabled = os.environ.get(ENV, "1").lower() not in ("0", "false", "off", "no")
 _armed = False
 _on = False  # _enabled and _armed: the one flag the hot path reads
 _caller = "worker0"
+_peers: Callable[[], list[str]] | None = None  # live workers' names, for enable(everywhere)
 
 
 class _Local(threading.local):
@@ -147,6 +151,8 @@ def _watch(fut: Any, callee: str, name: str, t0: float, nbytes: int) -> None:
 
     def done(_f: Any) -> None:
         _done.append((callee, name, t0, perf_counter() - t0, nbytes))
+        if len(_done) > FOLD_AT:
+            _fold()
 
     fut.add_done_callback(done)
 
@@ -170,6 +176,8 @@ def _wrap_rpc_sync(orig: Any) -> Any:
                 _tls.sync_done = None
                 callee, name, t0, nbytes = done
                 _done.append((callee, name, t0, perf_counter() - t0, nbytes))
+                if len(_done) > FOLD_AT:
+                    _fold()
 
     rpc_sync.__doc__ = orig.__doc__
     rpc_sync.__wrapped__ = orig  # type: ignore[attr-defined]
@@ -266,6 +274,8 @@ def _wrap_to_here(orig: Any) -> Any:
         value = orig(self, timeout)
         _done.append((self.owner_name(), "RRef.to_here", t0, perf_counter() - t0,
                       _value_bytes(value)))
+        if len(_done) > FOLD_AT:
+            _fold()
         return value
 
     to_here.__doc__ = orig.__doc__
@@ -306,8 +316,14 @@ def install(rank: int, name: str) -> None:
         _installed = True
 
 
+def set_peers(peers: Callable[[], list[str]] | None) -> None:
+    """Register how to find the live workers' names (the cluster layer does, at start)."""
+    global _peers
+    _peers = peers
+
+
 def arm(rank: int, name: str) -> None:
-    """This rank's world is ready: trace from now on (``metrics`` calls this)."""
+    """This rank's world is ready: trace from now on (the rank's start-up calls this)."""
     global _armed, _caller, _wall_offset
     _caller = name
     _wall_offset = time.time() - perf_counter()
@@ -337,16 +353,13 @@ def enable(on: bool = True, everywhere: bool = True, timeout: float = 10.0) -> N
     _set_enabled(on)
     if not everywhere:
         return
-    from ..cluster.core import current
-
-    cluster = current()
-    if cluster is None:
+    peers = _peers() if _peers is not None else []
+    if not peers:
         return
     import torch.distributed.rpc as rpc
 
     with paused():
-        futs = [rpc.rpc_async(nm, _set_enabled, args=(on,), timeout=timeout)
-                for r, nm in enumerate(cluster.names) if r and cluster.ranks[r].alive]
+        futs = [rpc.rpc_async(nm, _set_enabled, args=(on,), timeout=timeout) for nm in peers]
         for fut in futs:
             fut.wait()
 
@@ -384,9 +397,12 @@ def _take_done() -> list[tuple]:
     pop = _done.popleft
     off = _wall_offset
     rows = []
-    for _ in range(n):
-        callee, name, t0, lat, nbytes = pop()
-        rows.append((callee, name, t0 + off, lat, nbytes))
+    try:
+        for _ in range(n):
+            callee, name, t0, lat, nbytes = pop()
+            rows.append((callee, name, t0 + off, lat, nbytes))
+    except IndexError:  # another thread took some of them first
+        pass
     return rows
 
 
@@ -412,6 +428,15 @@ def _add(caller: str, rows: list[tuple]) -> None:
 def _drain_local() -> None:
     if _done:
         _add(_caller, _take_done())
+
+
+def _fold() -> None:
+    """Rank 0's finished calls grew while nobody read them: fold them into the aggregates.
+
+    A worker's flusher ships its calls every 50 ms instead (``_ship``).
+    """
+    if not records._worker:
+        _drain_local()
 
 
 def _ship() -> list[dict]:
@@ -522,10 +547,7 @@ class RpcStats:
     def __str__(self) -> str:
         if not self.rows:
             return "no RPCs traced yet"
-        table = [list(self.COLUMNS)] + [self._cells(r) for r in self.rows]
-        widths = [max(len(line[i]) for line in table) for i in range(len(self.COLUMNS))]
-        return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True))
-                         .rstrip() for line in table)
+        return text_table(self.COLUMNS, [self._cells(r) for r in self.rows])
 
     __repr__ = __str__
 
