@@ -3,7 +3,9 @@
 - ``rpc_sync`` called from the main thread waits in an interruptible way, and gives up early
   with ``WorkerDiedError`` when the destination rank is known to be dead.
 - Every Python function an RPC runs on this rank is registered while it runs, so an interrupt
-  can reach it (``interrupt_rpc_threads``).
+  can reach it (``interrupt_rpc_threads``). The registration is interrupt-proof: an interrupt
+  may land on any bytecode of the bookkeeping, and still no thread stays registered after its
+  function returned, and no interrupt meant for one RPC reaches the next one its thread runs.
 - ``reset_world_state`` clears the per-process counters that make a second ``init_rpc`` in one
   process hang (see anchors: ``_init_counter`` and the ``_all_gather`` sequence ids).
 - ``quiet_warnings`` hides torch's per-rank deprecation noise, nothing else.
@@ -36,8 +38,11 @@ __all__ = [
     "wait_future",
 ]
 
-_active_lock = threading.Lock()
-_active: dict[int, int] = {}
+# thread id -> tokens of the RPC functions it runs now. Injections happen under the lock, so a
+# thread that has left (under the lock too) and dropped its pending interrupt gets no other.
+# Re-entrant: a worker's SIGINT handler may run again, inside itself, on the main thread.
+_active_lock = threading.RLock()
+_active: dict[int, set[object]] = {}
 _death_check: Callable[[Any], None] | None = None
 _after_call: Callable[[], None] | None = None
 _on_interrupt: Callable[[Any], None] | None = None
@@ -114,27 +119,41 @@ def wait_future(fut: Any, dest: Any = None, poll: float = 0.1) -> Any:
 
     torch's own wait blocks in C++, where no signal handler runs; here the main thread waits
     on a plain lock the future's callback releases (lock waits are interruptible on POSIX).
+    Wherever Ctrl-C lands after the RPC was sent, the destination is told (``on_interrupt``),
+    so its work stops too.
     """
     if fut.done() or threading.current_thread() is not threading.main_thread():
         return fut.wait()
     gate = threading.Lock()
     gate.acquire()
-    fut.add_done_callback(lambda _f: gate.release())
     try:
+        fut.add_done_callback(lambda _f: gate.release())
         while not gate.acquire(timeout=poll):
             check = _death_check
             if check is not None and dest is not None:
                 check(dest)
     except KeyboardInterrupt:
-        hook = _on_interrupt
-        if hook is not None and dest is not None:
-            hook(dest)
+        _tell_interrupted(dest)
         raise
     try:
         return fut.wait()
     except RuntimeError as exc:
         _explain_transport_error(exc, dest)
         raise
+
+
+def _tell_interrupted(dest: Any) -> None:
+    """Run the ``on_interrupt`` hook once to its end, even if Ctrl-C is pressed again meanwhile
+    (the caller raises KeyboardInterrupt anyway; a hook cut short would leave remote work on)."""
+    hook = _on_interrupt
+    if hook is None or dest is None:
+        return
+    for _ in range(3):
+        try:
+            hook(dest)
+            return
+        except KeyboardInterrupt:
+            continue
 
 
 _TRANSPORT = ("eof", "pipe closed", "connection reset", "connection closed", "broken pipe")
@@ -188,44 +207,99 @@ def install_callee(after_call: Callable[[], None] | None = None) -> None:
         _after_call = after_call
     if _callee_installed:
         return
-    from torch._C._distributed_rpc import _get_current_rpc_agent
     from torch.distributed.rpc import internal
-
-    def _run_function(python_udf):
-        # torch's own version also prints every exception to the callee's stderr; the
-        # caller gets it raised anyway, so in a notebook it would show twice.
-        tid = threading.get_ident()
-        with _active_lock:
-            _active[tid] = _active.get(tid, 0) + 1
-        try:
-            if isinstance(python_udf, AttributeError):
-                raise python_udf
-            return python_udf.func(*python_udf.args, **python_udf.kwargs)
-        except (Exception, KeyboardInterrupt) as exc:
-            tb = exc.__traceback__.tb_next if exc.__traceback__ else None  # not this frame
-            text = "".join(traceback.format_exception(type(exc), exc, tb))
-            where = _get_current_rpc_agent().get_worker_info()
-            return internal.RemoteException(f"On {where}:\n{exc!r}\n{text}", type(exc))
-        finally:
-            if _after_call is not None:
-                _after_call()
-            with _active_lock:
-                left = _active[tid] - 1
-                if left:
-                    _active[tid] = left
-                else:
-                    del _active[tid]
-                    # an interrupt that arrived as the function returned must not hit the
-                    # next RPC this pool thread runs: drop any pending async exception
-                    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(tid), None)
 
     internal._run_function = _run_function
     _callee_installed = True
 
 
+def _run_function(python_udf: Any) -> Any:
+    """torch's ``internal._run_function``, registered in ``_active`` while the function runs.
+
+    An interrupt (``interrupt_rpc_threads``) may land on any bytecode here. Registering happens
+    inside the ``try``; leaving is idempotent and retried when a second interrupt cuts it;
+    once left, the thread is no longer a target and its pending interrupt is dropped, so
+    ``after_call`` and the reply run undisturbed. Unlike torch's own version this one does not
+    print every exception to the callee's stderr: the caller gets it raised anyway, so in a
+    notebook it would show twice.
+    """
+    tid = threading.get_ident()
+    token = object()
+    failure: BaseException | None = None
+    value = None
+    try:
+        _enter(tid, token)
+        if isinstance(python_udf, AttributeError):
+            raise python_udf
+        value = python_udf.func(*python_udf.args, **python_udf.kwargs)
+    except (Exception, KeyboardInterrupt) as exc:
+        failure = exc
+    finally:
+        # Unrolled on purpose: a loop's back edge is a point where an interrupt can land
+        # outside any ``try``; nested handlers have none (each try covers the whole call).
+        try:
+            _leave(tid, token)
+        except KeyboardInterrupt:
+            try:
+                _leave(tid, token)
+            except KeyboardInterrupt:
+                try:
+                    _leave(tid, token)
+                except KeyboardInterrupt:
+                    _leave(tid, token)
+    _call_after_call()
+    if failure is not None:
+        return _remote_exception(failure)
+    return value
+
+
+def _enter(tid: int, token: object) -> None:
+    with _active_lock:
+        _active.setdefault(tid, set()).add(token)
+
+
+def _leave(tid: int, token: object) -> None:
+    """Forget ``token`` (idempotent); when ``tid`` runs no other RPC function, drop any
+    interrupt injected into it that has not been raised yet."""
+    with _active_lock:
+        calls = _active.get(tid)
+        if calls is not None:
+            calls.discard(token)
+            if not calls:
+                del _active[tid]
+        if tid not in _active:
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(tid), None)
+
+
+def _call_after_call() -> None:
+    """Run the ``after_call`` hook; its failure must not replace the function's outcome."""
+    hook = _after_call
+    if hook is None:
+        return
+    try:
+        hook()
+    except BaseException:  # noqa: BLE001 - reported, never raised into torch's reply path
+        try:
+            sys.__stderr__.write("nbdist: flushing output after an RPC failed:\n"
+                                 + traceback.format_exc())
+        except Exception:
+            pass
+
+
+def _remote_exception(exc: BaseException) -> Any:
+    """What torch's ``_run_function`` returns for a failure: a RemoteException naming us."""
+    from torch._C._distributed_rpc import _get_current_rpc_agent
+    from torch.distributed.rpc import internal
+
+    tb = exc.__traceback__.tb_next if exc.__traceback__ else None  # not _run_function's frame
+    text = "".join(traceback.format_exception(type(exc), exc, tb))
+    where = _get_current_rpc_agent().get_worker_info()
+    return internal.RemoteException(f"On {where}:\n{exc!r}\n{text}", type(exc))
+
+
 def interrupt_rpc_threads() -> int:
     """Raise KeyboardInterrupt in every thread now running an RPC function; returns how many."""
-    with _active_lock:  # held while injecting, so a thread cannot leave _active meanwhile
+    with _active_lock:  # held while injecting: a thread cannot leave _active meanwhile
         for tid in _active:
             ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(tid),
                                                        ctypes.py_object(KeyboardInterrupt))
