@@ -10,7 +10,7 @@ import time
 import pytest
 
 import nbdist
-from nbdist.errors import DistCellError, StartError, WorkerDiedError
+from nbdist.errors import DistCellError, DistTimeoutError, StartError, WorkerDiedError
 
 
 def _poll(pred, timeout: float) -> bool:
@@ -157,3 +157,25 @@ def test_dist_timeout_interrupts_and_names_ranks(world):
     assert time.monotonic() - t0 < 4
     assert "rank 2 (worker2)" in str(info.value) and "rank 1" not in str(info.value)
     assert c.run("'ok'", ranks=[2], show=False) == {2: "'ok'"}
+
+
+def test_start_timeout_leaves_no_joining_thread_and_the_next_start_works(monkeypatch):
+    """A rank that never joins: the start fails by its deadline naming it, and rank 0's own
+    init_rpc thread ends too (bounded by the same deadline, not torch's 24-day Gloo wait)."""
+    nbdist.start(1, quiet=True).stop()  # the template is warm: the 4 s are the workers'
+    monkeypatch.setenv("NBDIST_TEST_STALL_RANK", "2")
+    t0 = time.monotonic()
+    with pytest.raises(DistTimeoutError) as info:
+        nbdist.start(2, quiet=True, start_timeout=4)
+    assert "rank 2 (worker2)" in str(info.value)
+    assert time.monotonic() - t0 < 4 + 30  # "it hangs" bound: the deadline plus teardown
+    deadline = time.monotonic() + 4 + 30
+    while any(t.name == "nbdist-join" for t in threading.enumerate()):
+        assert time.monotonic() < deadline, "rank 0's init_rpc thread outlived its deadline"
+        time.sleep(0.1)
+    monkeypatch.delenv("NBDIST_TEST_STALL_RANK")
+    c = nbdist.start(2, quiet=True)
+    try:
+        assert c.run("1+1", show=False) == {1: "2", 2: "2"}
+    finally:
+        c.stop()

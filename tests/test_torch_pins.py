@@ -17,6 +17,18 @@ def test_rpc_counters_and_all_gather_state_exist():
     assert hasattr(api._all_gather_dict_lock, "acquire")
 
 
+def test_init_rpc_reads_its_gloo_timeout_from_the_constants_module():
+    """Rank 0 bounds init_rpc's Gloo group by setting this constant while it joins."""
+    import inspect
+    from datetime import timedelta
+
+    from torch.distributed.rpc import backend_registry, constants
+
+    assert isinstance(constants.DEFAULT_PROCESS_GROUP_TIMEOUT, timedelta)
+    assert "rpc_constants.DEFAULT_PROCESS_GROUP_TIMEOUT" in inspect.getsource(
+        backend_registry._init_process_group)
+
+
 def test_rpc_internals_patched_by_nbdist_exist():
     from torch.distributed.rpc import api, internal
 

@@ -124,6 +124,7 @@ class Cluster:
             SESSION.current = self
             rpc_hooks.set_death_check(self._check_dest, self._interrupt_dest)
             self._rank0 = Rank0(spec, self.names, self._world_dir, self.epoch)
+            SESSION.settle_joiner(watch.deadline)
             self._rank0.join(watch)
             watch.wait_ready()
             watch.ping_all()
@@ -267,6 +268,8 @@ class Cluster:
             tracing.set_peers(None)
             if self._rank0 is not None:  # first, so rank 0's agent does not complain
                 self._rank0.leave()
+                if self._rank0.joiner is not None:
+                    SESSION.joiner = self._rank0.joiner
             self._stop_workers(timeout)
             for info in self.ranks.values():
                 chan, info.channel = info.channel, None

@@ -12,8 +12,11 @@ import atexit
 import itertools
 import os
 import shutil
+import threading
+import time
 from typing import TYPE_CHECKING
 
+from ..errors import StartError
 from ..proc.launch import Template
 from ..proc.runtime import runtime_dir
 from ..spec import WorldSpec
@@ -34,6 +37,19 @@ class Session:
         self.last_spec: WorldSpec | None = None
         self.exec_ids = itertools.count(1)  # cells and flush tokens, unique per process
         self.epochs = itertools.count(1)  # one per world: keeps RRef ids of worlds apart
+        self.joiner: threading.Thread | None = None  # rank 0's init_rpc of a failed start
+
+    def settle_joiner(self, deadline: float) -> None:
+        """Before a new ``init_rpc``: let a failed start's joining thread end (it is bounded
+        by that start's deadline); a new one must not run beside it."""
+        joiner, self.joiner = self.joiner, None
+        if joiner is None or not joiner.is_alive():
+            return
+        joiner.join(max(deadline - time.monotonic(), 0))
+        if joiner.is_alive():
+            self.joiner = joiner
+            raise StartError("rank 0 is still inside init_rpc from the previous start, which "
+                             "failed; it ends by that start's deadline: try again then")
 
     def runtime(self) -> str:
         """This process's private runtime directory, made on first use."""

@@ -8,11 +8,12 @@ it waited for.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -148,7 +149,7 @@ class Rank0:
         left = max(watch.deadline - time.monotonic(), 1.0)
         opts = rpc.TensorPipeRpcBackendOptions(init_method=f"file://{self.world_dir}/rpc",
                                                rpc_timeout=left)
-        with loopback_env():
+        with loopback_env(), _gloo_timeout(left):
             self._in_thread(lambda: rpc.init_rpc(self.names[0], rank=0,
                                                  world_size=spec.world_size,
                                                  rpc_backend_options=opts),
@@ -184,13 +185,16 @@ class Rank0:
         if "error" in box:
             raise box["error"]
 
-    def leave(self, timeout: float = 5.0) -> None:
-        """Leave the world without waiting for peers; ready for the next ``init_rpc``."""
+    def leave(self) -> None:
+        """Leave the world without waiting for peers; ready for the next ``init_rpc``.
+
+        After a failed start ``joiner`` may still be inside ``init_rpc``; it ends by the
+        start deadline (its rendezvous and Gloo waits are bounded by it) and the session
+        makes the next start wait for it (``Session.settle_joiner``).
+        """
         import torch.distributed as dist
         import torch.distributed.rpc as rpc
 
-        if self.joiner is not None:  # a start that timed out: its join ends by the deadline
-            self.joiner.join(timeout)
         if self.pg_up:
             try:
                 dist.destroy_process_group()
@@ -204,6 +208,19 @@ class Rank0:
                 pass
             self.rpc_up = False
         rpc_hooks.reset_world_state()
+
+
+@contextlib.contextmanager
+def _gloo_timeout(seconds: float) -> Iterator[None]:
+    """Bound the Gloo group ``init_rpc`` builds (torch gives it 24 days) while rank 0 joins."""
+    from torch.distributed.rpc import constants
+
+    saved = constants.DEFAULT_PROCESS_GROUP_TIMEOUT
+    constants.DEFAULT_PROCESS_GROUP_TIMEOUT = timedelta(seconds=seconds)
+    try:
+        yield
+    finally:
+        constants.DEFAULT_PROCESS_GROUP_TIMEOUT = saved
 
 
 class loopback_env:  # noqa: N801 - used as a context manager, like a function

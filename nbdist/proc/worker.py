@@ -86,6 +86,10 @@ def run_forked(cfg: dict) -> None:
         _channel = connect(cfg["socket"], cfg["authkey"], timeout=cfg["start_timeout"])
         _channel.send(Hello(_rank, os.getpid()))
         _setup_output(cfg)
+        if os.environ.get("NBDIST_TEST_STALL_RANK") == str(_rank):  # for the fault tests
+            import time
+
+            time.sleep(3600)  # never joins: the notebook's start deadline must end this
         if os.environ.get("NBDIST_TEST_FAIL_RANK") == str(_rank):  # for the fault tests
             raise RuntimeError(f"rank {_rank} fails at start-up on purpose "
                                "(NBDIST_TEST_FAIL_RANK is set)")
