@@ -18,8 +18,14 @@
    blocks of ``--calls`` calls, the modes taking turns in rotating order, ``--blocks`` times.
    Overhead of tracing = median(on) / median(off) - 1, also per round and best block.
 4. **Drawing**: milliseconds to draw each dashboard panel from 4 ranks x 5,000 points.
+5. **Memory**: 4 worker ranks each log 250,000 ``log(step=i, reward=float)``; how much the
+   notebook process grows (RSS) holding the 1,000,000 records.
+6. **Redraw with a million points**: a live dashboard (widgets) over 4 ranks x 250,000
+   points; wall and CPU milliseconds of ``refresh()`` after one new record (the metrics panel
+   redrawn from the bounded envelopes), and of the whole picture.
 
 Writes ``bench/results/metrics.json`` and ``bench/results/metrics.md`` and prints them.
+``--only memory,redraw`` runs just those parts and updates the saved results.
 Every process it starts is stopped at the end.
 """
 
@@ -28,9 +34,11 @@ from __future__ import annotations
 import argparse
 import ast
 import datetime
+import gc
 import json
 import os
 import platform
+import random
 import statistics
 import subprocess
 import sys
@@ -48,7 +56,8 @@ from nbdist.telemetry import records, tracing
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _echo import echo  # noqa: E402
 
-__all__ = ["bench_draw", "bench_rpc", "bench_slowdown", "bench_stream", "main"]
+__all__ = ["bench_draw", "bench_memory", "bench_redraw", "bench_rpc", "bench_slowdown",
+           "bench_stream", "main"]
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 HERE = Path(__file__).resolve().parent
@@ -97,9 +106,9 @@ def _values(results: dict) -> dict[int, object]:
 
 def _wait_records(n: int, timeout: float = 120.0) -> float:
     deadline = time.monotonic() + timeout
-    while len(records._history) < n:
+    while records.record_count() < n:
         if time.monotonic() > deadline:
-            raise TimeoutError(f"only {len(records._history)} of {n} records arrived")
+            raise TimeoutError(f"only {records.record_count()} of {n} records arrived")
         time.sleep(0.001)
     return time.perf_counter()
 
@@ -299,6 +308,101 @@ def bench_draw(reps: int = 3) -> dict:
     return out
 
 
+def _rss() -> int:
+    import psutil
+
+    gc.collect()
+    return psutil.Process().memory_info().rss
+
+
+def bench_memory(per_rank: int = 250_000) -> dict:
+    """Notebook RSS growth for 4 ranks x ``per_rank`` records of one float each."""
+    nbdist.clear_history()
+    c = nbdist.start(4, quiet=True)
+    try:
+        before = _rss()
+        t0 = time.perf_counter()
+        c.run(f"import random, nbdist\nfor i in range({per_rank}):\n"
+              f"    nbdist.log(step=i, reward=random.random())\n", show=False)
+        seconds = time.perf_counter() - t0
+        n = records.record_count()
+        grown = _rss() - before
+    finally:
+        c.stop()
+        nbdist.clear_history()
+    return {"records": n, "rss_growth_mb": round(grown / 1e6, 1),
+            "bytes_per_record": round(grown / n, 1), "seconds": round(seconds, 1)}
+
+
+def _fill(per_rank: int) -> None:
+    """Deliver 4 ranks x ``per_rank`` records to the history the way worker batches arrive."""
+    for r in range(1, 5):
+        for b in range(0, per_rank, 20_000):
+            rows = [(i, time.time(), {"reward": random.random()})
+                    for i in range(b, min(b + 20_000, per_rank))]
+            records._deliver((r, f"worker{r}", rows, []))
+
+
+def bench_redraw(per_rank: int = 250_000, reps: int = 9) -> dict:
+    """A live dashboard over 4 x ``per_rank`` points: refresh after one new record."""
+    from nbdist.display import Dashboard
+
+    nbdist.clear_history()
+    _fill(per_rank)
+    t0 = time.perf_counter()
+    d = Dashboard(widgets=True)
+    attach = time.perf_counter() - t0
+    d.refresh(force=True)
+    wall, cpu = [], []
+    for k in range(reps):
+        records._deliver((1, "worker1", [(per_rank + k, time.time(), {"reward": 0.5})], []))
+        w0, c0 = time.perf_counter(), time.thread_time()
+        d.refresh()
+        cpu.append(time.thread_time() - c0)
+        wall.append(time.perf_counter() - w0)
+    drawn = max(len(c[0]) for c in d.snapshot().series["reward"].values())
+    w0, c0 = time.perf_counter(), time.thread_time()
+    d.png()
+    whole = (time.perf_counter() - w0, time.thread_time() - c0)
+    d.close()
+    nbdist.clear_history()
+    return {"points": 4 * per_rank, "attach_ms": round(attach * 1e3, 1),
+            "refresh_wall_ms_median": round(statistics.median(wall) * 1e3, 1),
+            "refresh_cpu_ms_median": round(statistics.median(cpu) * 1e3, 1),
+            "whole_picture_wall_ms": round(whole[0] * 1e3, 1),
+            "whole_picture_cpu_ms": round(whole[1] * 1e3, 1),
+            "points_drawn_per_curve": drawn}
+
+
+def _markdown_bounded(res: dict) -> list[str]:
+    lines = []
+    if "memory_redraw_when" in res:
+        lines += [f"Memory and redraw measured {res['memory_redraw_when']}, load average (1m) "
+                  f"{res['memory_redraw_load']} at the end.", ""]
+    if "memory" in res:
+        m = res["memory"]
+        lines += ["## Memory: a million records in the notebook", "",
+                  "| records (4 ranks) | notebook RSS growth | per record | logged and "
+                  "received in |", "|---|---|---|---|",
+                  f"| {m['records']:,} | {m['rss_growth_mb']} MB | {m['bytes_per_record']} B "
+                  f"| {m['seconds']} s |", ""]
+    if "redraw" in res:
+        r = res["redraw"]
+        lines += ["## Redraw with a million points", "",
+                  "A live dashboard (widgets) over 4 ranks x 250,000 points of `reward`: "
+                  "`refresh()` after one new record redraws the metrics panel from the "
+                  "bounded envelopes (each curve at most "
+                  f"{r['points_drawn_per_curve']} points, every bucket's min and max kept). "
+                  "CPU = this thread's CPU time (the machine is shared: wall time includes "
+                  "waiting for a core).", "",
+                  "| points | refresh wall (median) | refresh CPU (median) | whole picture "
+                  "wall / CPU | dashboard attach |", "|---|---|---|---|---|",
+                  f"| {r['points']:,} | {r['refresh_wall_ms_median']} ms | "
+                  f"{r['refresh_cpu_ms_median']} ms | {r['whole_picture_wall_ms']} / "
+                  f"{r['whole_picture_cpu_ms']} ms | {r['attach_ms']} ms |", ""]
+    return lines
+
+
 def _markdown(res: dict) -> str:
     s, r, d = res["stream"], res["rpc"], res["draw_ms"]
     w1 = res["slowdown"][-1]
@@ -349,6 +453,7 @@ def _markdown(res: dict) -> str:
         f"rpc_stats: {r['traced_calls_counted']:,}.", "",
         "## Drawing the dashboard (4 ranks x 5,000 steps, 5,000 RPCs)", "",
         "| panel | ms |", "|---|---|", *[f"| {k} | {v} |" for k, v in d.items()], "",
+        *_markdown_bounded(res),
     ]
     return "\n".join(lines)
 
@@ -361,7 +466,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=None)
     ap.add_argument("--calls", type=int, default=None)
     ap.add_argument("--blocks", type=int, default=None)
+    ap.add_argument("--only", default=None, help="comma-separated parts: memory, redraw "
+                    "(updates the saved results)")
     args = ap.parse_args(argv)
+    if args.only:
+        return _run_only(args.only.split(","))
     q = args.quick
     records = args.records or (5000 if q else 20000)
     steps = args.steps or 1000
@@ -389,12 +498,34 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         c.stop()
     res["draw_ms"] = bench_draw()
+    res["memory"] = bench_memory()
+    res["redraw"] = bench_redraw()
     res["load_end"] = round(os.getloadavg()[0], 1)
+    _save(res)
+    return 0
+
+
+def _save(res: dict) -> None:
     RESULTS_DIR.mkdir(exist_ok=True)
     (RESULTS_DIR / "metrics.json").write_text(json.dumps(res, indent=2) + "\n")
     md = _markdown(res)
     (RESULTS_DIR / "metrics.md").write_text(md)
     print(md)
+
+
+def _run_only(parts: list[str]) -> int:
+    """Run some parts and merge them into the saved results."""
+    res = json.loads((RESULTS_DIR / "metrics.json").read_text())
+    runners = {"memory": bench_memory, "redraw": bench_redraw}
+    for part in parts:
+        if part not in runners:
+            raise SystemExit(f"--only: unknown part {part!r}; pick from {sorted(runners)}")
+        res[part] = runners[part]()
+        print(f"{part}:", res[part], flush=True)
+    res[f"{'_'.join(parts)}_when"] = datetime.datetime.now(datetime.timezone.utc).isoformat(
+        timespec="seconds")
+    res[f"{'_'.join(parts)}_load"] = round(os.getloadavg()[0], 1)
+    _save(res)
     return 0
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from nbdist.display import render
-from nbdist.display.collect import SeriesStore
+from nbdist.display.collect import MAX_BUCKETS, SeriesStore
 from nbdist.telemetry import timing
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -178,3 +178,46 @@ def test_logged_batching_records_become_timings_not_curves():
     rows = store.timing_rows()
     assert [(r["observers"], r["mode"], r["seconds"]) for r in rows] == [(4, "batched", 17.6)]
     assert timing.from_record({"reward": 1}) is None
+
+
+def test_envelope_is_bounded_and_keeps_every_spike():
+    from nbdist.display.collect import Envelope
+
+    env = Envelope(100)
+    values = [math.sin(i / 1000) for i in range(200_000)]
+    values[123_457], values[7] = 50.0, -50.0  # two spikes a thinning by stride would miss
+    for i, v in enumerate(values):
+        env.append(i, v)
+    x, y, mx, my = env.curve(window=20)
+    assert len(x) <= 2 * 100 + 2 and len(mx) <= 100
+    assert y.max() == 50.0 and x[y.argmax()] == 123_457
+    assert y.min() == -50.0 and x[y.argmin()] == 7
+    assert x[0] == 0 and x[-1] == 199_999 and (np.diff(x) >= 0).all()
+    bulk = Envelope(100)
+    bulk.extend(np.arange(200_000), np.asarray(values))
+    assert bulk.curve(20)[1].max() == 50.0 and len(bulk) == len(env) == 200_000
+    assert env.width > 20 and np.isclose(my[-1], np.mean(values[-env.counts[-1]:]))  # a bucket
+
+
+def test_series_store_loads_a_large_history_and_snapshots_stay_small():
+    from nbdist.telemetry import records
+
+    records.clear_history()
+    try:
+        for r in (1, 2):
+            records._deliver((r, f"obs{r}", [(i, 0.0, {"reward": float(i % 100), "tag": "t"})
+                                             for i in range(50_000)], []))
+        store = SeriesStore()
+        store.attach()
+        records._deliver((1, "obs1", [(50_000, 0.0, {"reward": 1000.0})], []))
+        snap = store.snapshot(["reward"])
+        assert store.count == 100_001 and store.keys() == ["reward"]
+        for r, curve in snap["reward"].items():
+            x, y, mx, my = curve
+            assert len(x) <= 2 * MAX_BUCKETS + 2 and len(mx) <= MAX_BUCKETS
+            assert y.min() == 0.0 and y.max() == (1000.0 if r == 1 else 99.0)
+        fig = render.metrics_figure(render.Snapshot(series=snap), ["reward"])
+        assert all(len(line.get_xdata()) <= 2 * MAX_BUCKETS + 2 for line in fig.axes[0].lines)
+        store.detach()
+    finally:
+        records.clear_history()

@@ -167,7 +167,7 @@ def draw_metric(ax: Any, curves: dict[int, tuple[Sequence, Sequence]], key: str,
     ax.grid(alpha=0.3)
     ax.tick_params(labelsize=8)
     ax.set_xlabel("step", fontsize=8)
-    ax.legend(fontsize=7, loc="best", frameon=False,
+    ax.legend(fontsize=7, loc="upper left", frameon=False,
               title=f"mean of {window}" if window > 1 else None, title_fontsize=7)
 
 
