@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ..telemetry.records import META, follow_with, generation, unsubscribe
+from ..telemetry.records import META, Table, follow_with, generation, unsubscribe
 from ..telemetry.timing import LOG_KEYS, from_record
 
 __all__ = ["MAX_BUCKETS", "Curve", "Envelope", "SeriesStore"]
@@ -187,52 +187,17 @@ class SeriesStore:
             self._attached = True
             self.version += 1
 
-    def _load(self, table: Any) -> None:
+    def _load(self, table: Table) -> None:
         """Build the envelopes from the history's columns (under the history's lock)."""
-        n = len(table)
-        self.count = n
-        if not n:
-            return
-        ranks = np.frombuffer(table.ranks, dtype=np.int32).copy()
-        steps = np.frombuffer(table.steps, dtype=np.int64)
-        for r in np.unique(ranks).tolist():
-            last = int(np.flatnonzero(ranks == r)[-1])
-            self.names[r] = table.names[table.name_ids[last]]
+        self.count = len(table)
+        self.names.update(table.last_names())
         timing_col = table.columns.get(LOG_KEYS[2])
-        skip = set(timing_col.idx) if timing_col is not None else set()
-        if skip:
-            for rec in table.rows(sorted(skip)):
+        if timing_col is not None:
+            for rec in table.rows(list(timing_col.idx)):
                 self._add_timing(rec)
-        for key, col in table.columns.items():
-            if key in LOG_KEYS:
-                continue
-            idx, vals = self._numeric(col, skip)
-            if idx.size:
-                self._load_key(key, idx, vals, ranks[idx], steps[idx])
-
-    @staticmethod
-    def _numeric(col: Any, skip: set) -> tuple[np.ndarray, np.ndarray]:
-        if type(col.vals) is not list:
-            idx = np.frombuffer(col.idx, dtype=np.int64).copy()
-            vals = np.frombuffer(col.vals, dtype=np.float64 if col.vals.typecode == "d"
-                                 else np.int64).astype(np.float64)
-        else:
-            pairs = [(i, v) for i, v in zip(col.idx, col.vals, strict=True)
-                     if type(v) in _NUMBER]
-            idx = np.array([i for i, _ in pairs], dtype=np.int64)
-            vals = np.array([v for _, v in pairs], dtype=np.float64)
-        if skip and idx.size:
-            keep = ~np.isin(idx, list(skip))
-            idx, vals = idx[keep], vals[keep]
-        return idx, vals
-
-    def _load_key(self, key: str, idx: np.ndarray, vals: np.ndarray, ranks: np.ndarray,
-                  steps: np.ndarray) -> None:
-        per = self._series.setdefault(key, {})
-        for r in np.unique(ranks).tolist():
-            mask = ranks == r
-            env = per[r] = Envelope(self.cap)
-            env.extend(steps[mask], vals[mask])
+        for key, rank, steps, values in table.numeric_curves(skip=LOG_KEYS):
+            env = self._series.setdefault(key, {})[rank] = Envelope(self.cap)
+            env.extend(steps, values)
 
     def detach(self) -> None:
         """Stop following the metrics stream."""

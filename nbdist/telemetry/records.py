@@ -15,7 +15,7 @@ Values other than ``float``, ``int``, ``str``, ``bool`` and ``None`` travel as a
 the value pickled on the worker plus its ``repr``. The notebook unpickles it when the batch is
 delivered and keeps the ``repr`` string when it cannot (a lock, a class only the worker has).
 
-Notebook side: the history is stored by column (``_Table``): per record a rank, a name
+Notebook side: the history is stored by column (``Table``): per record a rank, a name
 index, a step and a time in ``array`` columns; per value name the indices of the records
 that carry it and their values (an ``array('d')``/``array('q')`` while they are all floats
 or all ints, a list otherwise): about 40 bytes a record of one float. Subscribers
@@ -35,15 +35,17 @@ import pickle
 import threading
 import time
 from array import array
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 __all__ = [
     "Opaque",
+    "Table",
     "clear_history",
     "export_history",
     "flush_worker",
     "follow",
+    "follow_with",
     "generation",
     "history",
     "history_frame",
@@ -153,7 +155,7 @@ class _Column:
         self.idx.append(i)
 
 
-class _Table:
+class Table:
     """Every record received, column by column (see the module docstring)."""
 
     def __init__(self) -> None:
@@ -197,6 +199,41 @@ class _Table:
             return [i for i in sel if ranks[i] == rank]
         return list(sel)
 
+    def last_names(self) -> dict[int, str]:
+        """``{rank: the name its latest record carries}``."""
+        latest = dict(zip(self.ranks, self.name_ids, strict=True))
+        return {r: self.names[nid] for r, nid in latest.items()}
+
+    def numeric_curves(self, skip: Iterable[str] = ()) -> Iterator[tuple[str, int, Any, Any]]:
+        """``(key, rank, steps, values)`` numpy arrays of every number logged, per value
+        name and rank (records carrying a name in ``skip`` left out)."""
+        import numpy as np
+
+        skipped: set[int] = set()
+        for key in skip:
+            if key in self.columns:
+                skipped.update(self.columns[key].idx)
+        ranks = np.array(self.ranks, dtype=np.int64)
+        steps = np.array(self.steps, dtype=np.int64)
+        for key, col in self.columns.items():
+            if key in skip:
+                continue
+            if type(col.vals) is list:
+                pairs = [(i, v) for i, v in zip(col.idx, col.vals, strict=True)
+                         if type(v) in (int, float)]
+                idx = np.array([i for i, _ in pairs], dtype=np.int64)
+                vals = np.array([v for _, v in pairs], dtype=np.float64)
+            else:
+                idx = np.array(col.idx, dtype=np.int64)
+                vals = np.array(col.vals, dtype=np.float64)
+            if skipped and idx.size:
+                keep = ~np.isin(idx, np.fromiter(skipped, np.int64, len(skipped)))
+                idx, vals = idx[keep], vals[keep]
+            col_ranks = ranks[idx]
+            for r in np.unique(col_ranks).tolist():
+                mask = col_ranks == r
+                yield key, r, steps[idx[mask]], vals[mask]
+
     def rows(self, sel: list[int]) -> list[dict]:
         """The records at indices ``sel`` (ascending) as new dicts."""
         ranks, nids, steps, times, names = (self.ranks, self.name_ids, self.steps, self.times,
@@ -217,7 +254,7 @@ class _Table:
         return out
 
 
-_table = _Table()
+_table = Table()
 
 
 def log(step: int | None = None, **values: Any) -> None:
@@ -502,7 +539,7 @@ def clear_history() -> None:
     """
     global _next_step, _generation, _table
     with _lock:
-        _table = _Table()
+        _table = Table()
         _generation += 1
     _next_step = 0
 
@@ -540,8 +577,10 @@ def follow(fn: Callable[[list[dict]], None]) -> tuple[list[dict], int]:
     return follow_with(fn, lambda table: table.rows(table.select(None, None)))
 
 
-def follow_with(fn: Callable[[list[dict]], None], load: Callable[[_Table], Any]) -> tuple[Any, int]:
-    """Like ``follow``, but return ``load(history table)`` (read it inside ``load`` only)."""
+def follow_with(fn: Callable[[list[dict]], None],
+                load: Callable[[Table], Any]) -> tuple[Any, int]:
+    """Like ``follow``, but return ``load(the history's Table)`` instead of record dicts
+    (``load`` runs under the history's lock: read the table there, keep no reference)."""
     with _lock:
         if fn in _subscribers:
             _subscribers.remove(fn)
