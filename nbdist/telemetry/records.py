@@ -445,10 +445,15 @@ def _start_worker_flusher(channel: Any, rank: int, name: str) -> None:
 
 
 def _flush_loop(channel: Any, rank: int) -> None:
+    """Every 50 ms: send what was logged. Where ``channel`` can ``drain``, wait (up to 5 s)
+    until it is written, so records pile up here, bounded, not in the channel's queue."""
+    drain = getattr(channel, "drain", None)
     while True:
         time.sleep(_FLUSH_EVERY)
         try:
             flush_worker(channel, rank)
+            if drain is not None:
+                drain(5.0)
         except BaseException:  # noqa: BLE001 - the flusher must outlive anything it meets
             time.sleep(_FLUSH_EVERY)
 
