@@ -20,7 +20,7 @@ import numpy as np
 from ..telemetry.records import META, Table, follow_with, generation, unsubscribe
 from ..telemetry.timing import LOG_KEYS, from_record
 
-__all__ = ["MAX_BUCKETS", "Curve", "Envelope", "SeriesStore"]
+__all__ = ["Curve", "Envelope", "MAX_BUCKETS", "SeriesStore"]
 
 MAX_BUCKETS = 700  # per curve: at most 2 * 700 + 2 points drawn
 _NUMBER = (int, float)
