@@ -63,3 +63,11 @@ def load_ipython_extension(ipython: Any) -> None:
 
     ipython.register_magics(DistMagics)
     register(ipython)
+    ipython.events.register("pre_run_cell", _new_cell)
+
+
+def _new_cell(*_: Any) -> None:
+    """Each notebook cell starts the per-cell output limits over."""
+    c = current()
+    if c is not None:
+        c.router.new_cell()

@@ -175,6 +175,30 @@ class DistMagics(Magics):
         return c.status()
 
     @magic_arguments()
+    @argument("rank", nargs="?", default=None, help="rank number or name (default: every worker)")
+    @argument("--tail", type=int, default=50, help="how many lines (default 50; 0: all)")
+    @no_var_expand
+    @line_magic
+    def dist_logs(self, line: str) -> None:
+        """What workers printed, shown or not (also outside cells, or past a cell's limit)."""
+        args = _parse(self.dist_logs, line, "%dist_logs", self.shell.user_ns)
+        c = _require()
+        if args.tail < 0:
+            raise UsageError("%dist_logs: --tail takes a number of lines >= 0 (0: all)")
+        try:
+            from .spec import parse_ranks
+
+            ranks = parse_ranks(args.rank, c.names)
+        except ValueError as exc:
+            raise UsageError(f"%dist_logs: {exc}") from None
+        for r in ranks:
+            lines = c.logs(r, tail=args.tail or None)
+            name = c.names[r]
+            print(f"--- rank {r} ({name}): {len(lines)} line{'s' if len(lines) != 1 else ''}")
+            for text in lines:
+                print(f"[{name}] {text}")
+
+    @magic_arguments()
     @argument("--ranks", default=None, help="ranks or names: 1,3 or 1-3 or obs2 (default: all)")
     @argument("--local", action="store_true", help="also run the cell here, as rank 0, at the "
               "same time (for SPMD code such as DDP and collectives)")

@@ -191,8 +191,7 @@ from nbdist.proc import worker, protocol
 import pickle
 chan = worker.current_channel()
 for payload in PAYLOADS:
-    chan._queue.append(payload)  # whole frames with bad contents, straight to the writer
-chan._poke()
+    chan.send_frame(payload)  # whole frames with bad contents
 chan.drain(5)
 'sent'
 """

@@ -11,9 +11,13 @@ from ..errors import DistCellError, DistTimeoutError, RankFailure, WorkerDiedErr
 from ..proc.channel import Channel
 from ..proc.protocol import Exec, Flush, Interrupt, Message, Result
 from .ranks import RankInfo
+from .router import StatusLine
 from .session import SESSION
 
 __all__ = ["Cells"]
+
+STATUS_AFTER = 2.0  # a cell running longer than this gets a status line saying who still runs
+STATUS_EVERY = 0.5
 
 
 class Cells:
@@ -23,12 +27,14 @@ class Cells:
                  require_running: Callable[[str], None]) -> None:
         self.ranks, self.cv, self._require = ranks, cv, require_running
         self._results: dict[int, dict[int, Result]] = {}
+        self._finished: dict[int, dict[int, float]] = {}  # exec id -> rank -> when (monotonic)
         self._flushed: dict[int, set[int]] = {}
 
     # -- called by the receiver ---------------------------------------------------------------
     def deliver(self, result: Result) -> None:
         with self.cv:
             self._results.setdefault(result.exec_id, {})[result.rank] = result
+            self._finished.setdefault(result.exec_id, {})[result.rank] = time.monotonic()
             self.cv.notify_all()
 
     def flushed(self, rank: int, token: int) -> None:
@@ -83,26 +89,44 @@ class Cells:
         finally:
             with self.cv:
                 self._results.pop(exec_id, None)
+                self._finished.pop(exec_id, None)
 
     def _pending(self, exec_id: int, targets: list[int]) -> list[int]:
         got = self._results.get(exec_id, {})
         return [r for r in targets if r not in got and self.ranks[r].alive]
 
     def _wait(self, exec_id: int, targets: list[int], deadline: float | None) -> dict:
+        started = time.monotonic()
+        status: StatusLine | None = None
+        next_status = started + STATUS_AFTER
         with self.cv:
             while True:
                 pending = self._pending(exec_id, targets)
+                now = time.monotonic()
                 if not pending:
+                    if status is not None:
+                        status.done(self._summary(exec_id, targets, started))
                     got: dict[int, Any] = dict(self._results.get(exec_id, {}))
                     for r in targets:
                         got.setdefault(r, None)  # None: the rank died
                     return got
+                if now >= next_status:
+                    status = status or StatusLine()
+                    names = ", ".join(self.ranks[r].name for r in pending)
+                    status.show(f"nbdist: running on {names} ({now - started:.1f}s)")
+                    next_status = now + STATUS_EVERY
                 if deadline is not None and time.monotonic() > deadline:
                     self.interrupt(pending)
                     who = ", ".join(self.ranks[r].label() for r in pending)
                     raise DistTimeoutError(f"timed out waiting for {who} to finish the cell; "
                                            "they were interrupted")
                 self.cv.wait(0.05)
+
+    def _summary(self, exec_id: int, targets: list[int], started: float) -> str:
+        done = self._finished.get(exec_id, {})
+        parts = [f"{self.ranks[r].name} {done[r] - started:.1f}s" if r in done else
+                 f"{self.ranks[r].name} ended" for r in targets]
+        return "nbdist: finished: " + ", ".join(parts)
 
     def report(self, results: dict, targets: list[int], show: bool = True) -> dict:
         """Print each rank's value as ``[name] value``; raise ``DistCellError`` for failures."""

@@ -19,7 +19,6 @@ from typing import Any
 from ..errors import ClusterStateError, DistTimeoutError, StartError, WorkerDiedError
 from ..patches import rpc_hooks
 from ..proc.channel import Listener
-from ..proc.output import Router
 from ..proc.protocol import Stop
 from ..proc.runtime import pid_alive
 from ..spec import WorldSpec, parse_ranks
@@ -27,6 +26,7 @@ from ..telemetry import records, tracing
 from .cells import Cells
 from .ranks import ClusterState, RankInfo
 from .receiver import Receiver
+from .router import Router
 from .session import SESSION
 from .startup import Rank0, StartWatch, worker_config
 from .status import StatusTable, collect_status
@@ -109,6 +109,7 @@ class Cluster:
                              "with distributed support")
         try:
             self._world_dir = tempfile.mkdtemp(prefix="w", dir=SESSION.runtime())
+            self.router.keep_logs_in(os.path.join(self._world_dir, "logs"))
             key = os.urandom(32)
             self._listener = Listener(os.path.join(self._world_dir, "ctl"), key)
             template.on_exit = self._on_exit
@@ -123,6 +124,7 @@ class Cluster:
             self._receiver.start()
             SESSION.current = self
             rpc_hooks.set_death_check(self._check_dest, self._interrupt_dest)
+            rpc_hooks.set_after_reply(self._show_output_of)
             self._rank0 = Rank0(spec, self.names, self._world_dir, self.epoch)
             SESSION.settle_joiner(watch.deadline)
             self._rank0.join(watch)
@@ -169,6 +171,12 @@ class Cluster:
         if rank:
             self.interrupt([rank])
 
+    def _show_output_of(self, dest: Any) -> None:
+        """An RPC to ``dest`` returned: show what it printed before the caller goes on."""
+        rank = self._rank_of(dest)
+        if rank:
+            self._receiver.caught_up(rank, timeout=0.5)
+
     def _rank_of(self, dest: Any) -> int | None:
         if isinstance(dest, int):
             return dest if dest in self.ranks else None
@@ -191,6 +199,8 @@ class Cluster:
         every rank that failed, after the others' output was shown.
         """
         targets = parse_ranks(ranks, self.names)
+        if not self.router.jupyter:  # in a notebook, each cell starts the limits over
+            self.router.new_cell()
         exec_id = self.send_cell(code, targets)
         return self.report(self.collect(exec_id, targets, timeout), targets, show)
 
@@ -226,6 +236,20 @@ class Cluster:
         self.router.flush()
         return ok
 
+    def logs(self, rank: Any, tail: int | None = 50) -> list[str]:
+        """The last ``tail`` lines rank (number or name) printed; ``None``: all of them.
+
+        Everything a rank prints is kept, shown or not: output outside any cell, and what
+        a cell's output limit held back (a tail in memory, the whole log in a file of the
+        world's runtime directory, removed at stop unless ``stop(keep_logs=DIR)``).
+        """
+        chosen = parse_ranks(rank, self.names)
+        if len(chosen) != 1:
+            raise ValueError(f"logs() takes one rank, not {rank!r}")
+        r = chosen[0]
+        self.router.flush(r)
+        return self.router.logs(r, tail)
+
     # ------------------------------------------------------------------ status
     def status(self) -> StatusTable:
         """A table of every rank: pid, alive or how it died, CPU %, memory, uptime."""
@@ -242,13 +266,26 @@ class Cluster:
         self.state.require(ClusterState.RUNNING, doing=doing)
 
     # ------------------------------------------------------------------ stop / restart
-    def stop(self, timeout: float = 5.0) -> None:
-        """Stop every worker and leave RPC in this process ready for a new world."""
+    def stop(self, timeout: float = 5.0, keep_logs: str | None = None) -> None:
+        """Stop every worker and leave RPC in this process ready for a new world.
+
+        ``keep_logs``: a directory to copy each rank's full output log into first.
+        """
         if self.state in (ClusterState.STOPPING, ClusterState.STOPPED):
             return
         if self.running and not self._receiver.is_current_thread():
             self.flush(timeout=min(timeout, 1.0))  # the last RPC's output is still shown
-        self._teardown(timeout)
+        try:
+            if keep_logs is not None:
+                self._copy_logs(keep_logs)
+        finally:
+            self._teardown(timeout)
+
+    def _copy_logs(self, dest: str) -> None:
+        os.makedirs(dest, exist_ok=True)
+        self.router.flush()
+        for path in self.router.log_paths().values():
+            shutil.copy2(path, os.path.join(dest, os.path.basename(path)))
 
     def restart(self, n: int | None = None, *, quiet: bool = False, **changes: Any) -> Cluster:
         """Stop this world and start a new one; unspecified settings stay as they were."""
@@ -265,6 +302,7 @@ class Cluster:
         try:
             self.router.muted = True
             rpc_hooks.set_death_check(None)
+            rpc_hooks.set_after_reply(None)
             tracing.set_peers(None)
             if self._rank0 is not None:  # first, so rank 0's agent does not complain
                 self._rank0.leave()
@@ -276,6 +314,7 @@ class Cluster:
                 if chan is not None:
                     chan.close(timeout=0.5)
             self._receiver.stop()
+            self.router.close()
             if self._listener is not None:
                 self._listener.close()
             if self._world_dir is not None:

@@ -13,7 +13,6 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from ..proc.output import Router
 from ..proc.protocol import (
     Failed,
     Flushed,
@@ -26,14 +25,23 @@ from ..proc.protocol import (
     Result,
 )
 from ..telemetry import records
+from .router import Router
 
 if TYPE_CHECKING:
     from .cells import Cells
-    from .ranks import RankInfo
+from .ranks import RankInfo
 
 __all__ = ["Receiver"]
 
 REPORT_EVERY = 5.0  # seconds between two reports of bad frames from one rank
+TICK = 0.05  # seconds between two looks at held lines and live lines
+
+
+def _readable(fd: int) -> bool:
+    try:
+        return bool(select.select([fd], [], [], 0)[0])
+    except (OSError, ValueError):
+        return False
 
 
 class Receiver:
@@ -45,6 +53,8 @@ class Receiver:
         self._wake_r, self._wake_w = os.pipe()
         self._stopping = False
         self._reported: dict[int, float] = {}
+        self._busy: int | None = None  # the rank whose message is being handled
+        self._progress = threading.Condition()
         self.dropped: dict[int, int] = {}  # rank -> frames dropped, for tests and status
         self._thread = threading.Thread(target=self._loop, daemon=True, name="nbdist-receiver")
 
@@ -78,16 +88,14 @@ class Receiver:
 
     # -- the loop -----------------------------------------------------------------------------
     def _loop(self) -> None:
+        next_tick = 0.0
         while not self._stopping:
             by_fd = {i.channel.fileno(): i for i in self.ranks.values()
                      if i.channel is not None and not i.channel.closed}
             try:
-                ready, _, _ = select.select([self._wake_r, *by_fd], [], [], 0.2)
+                ready, _, _ = select.select([self._wake_r, *by_fd], [], [], TICK)
             except (OSError, ValueError):  # a channel closed under us: look again
                 time.sleep(0.01)
-                continue
-            if not ready:
-                self.router.flush()
                 continue
             for fd in ready:
                 if fd == self._wake_r:
@@ -98,7 +106,43 @@ class Receiver:
                     continue
                 info = by_fd[fd]
                 if info.channel is not None:
-                    self._read_one(info)
+                    self._busy = info.rank
+                    try:
+                        self._read_one(info)
+                    except Exception as exc:  # noqa: BLE001 - the last line of defence
+                        Router.write("stderr", f"nbdist: receiving from {info.label()} failed: "
+                                               f"{exc!r}\n")
+                    finally:
+                        self._busy = None
+                        with self._progress:
+                            self._progress.notify_all()
+            now = time.monotonic()
+            if now >= next_tick:
+                next_tick = now + TICK
+                try:
+                    self.router.tick()
+                except Exception as exc:  # noqa: BLE001 - displays must not stop the receiver
+                    Router.write("stderr", f"nbdist: showing worker output failed: {exc!r}\n")
+
+    def caught_up(self, rank: int, timeout: float = 1.0) -> bool:
+        """Wait until everything ``rank`` had written to its channel so far has been shown.
+
+        A worker writes its output to the channel before it sends an RPC's reply, so after
+        the reply this makes the output appear before whatever the caller prints next.
+        """
+        info = self.ranks.get(rank)
+        chan = info.channel if info is not None else None
+        if chan is None or self.is_current_thread() or self._stopping:
+            return True
+        fd = chan.fileno()
+        deadline = time.monotonic() + timeout
+        with self._progress:
+            while self._busy == rank or _readable(fd):
+                left = deadline - time.monotonic()
+                if left <= 0 or chan.closed:
+                    return False
+                self._progress.wait(min(left, 0.05))
+        return True
 
     def _read_one(self, info: RankInfo) -> None:
         chan = info.channel

@@ -21,11 +21,12 @@ from ..errors import DistTimeoutError, StartError, WorkerDiedError
 from ..patches import quiet, rpc_hooks, rref_reset, shipping
 from ..proc.channel import HandshakeError, Listener
 from ..proc.launch import describe_exit
-from ..proc.output import Router
 from ..proc.protocol import Hello, ProtocolError
 from ..spec import WorldSpec
 from ..telemetry import tracing
+from .cells import STATUS_AFTER, STATUS_EVERY
 from .ranks import RankInfo
+from .router import Router, StatusLine
 
 __all__ = ["Rank0", "StartWatch", "worker_config"]
 
@@ -99,11 +100,24 @@ class StartWatch:
             missing.discard(hello.rank)
 
     def wait_ready(self) -> None:
+        """Every worker joined; past ``STATUS_AFTER`` seconds a line counts them in place."""
+        started = time.monotonic()
+        status: StatusLine | None = None
+        next_status = started + STATUS_AFTER
         with self.cv:
             while True:
                 missing = {r for r, i in self.ranks.items() if not i.ready}
+                now = time.monotonic()
+                if status is not None and (not missing or now >= next_status):
+                    n = len(self.ranks)
+                    status.show(f"nbdist: {n - len(missing)}/{n} ranks ready "
+                                f"({now - started:.1f}s)")
+                    next_status = now + STATUS_EVERY
                 if not missing:
                     return
+                if status is None and now >= next_status:
+                    status = StatusLine()
+                    continue
                 self.check(missing, "join the RPC world")
                 self.cv.wait(0.05)
 

@@ -34,6 +34,7 @@ __all__ = [
     "interrupt_rpc_threads",
     "quiet_warnings",
     "reset_world_state",
+    "set_after_reply",
     "set_death_check",
     "wait_future",
 ]
@@ -46,6 +47,7 @@ _active: dict[int, set[object]] = {}
 _death_check: Callable[[Any], None] | None = None
 _after_call: Callable[[], None] | None = None
 _on_interrupt: Callable[[Any], None] | None = None
+_after_reply: Callable[[Any], None] | None = None
 _caller_installed = False
 _callee_installed = False
 
@@ -114,6 +116,13 @@ def set_death_check(check: Callable[[Any], None] | None,
     _death_check, _on_interrupt = check, on_interrupt
 
 
+def set_after_reply(hook: Callable[[Any], None] | None) -> None:
+    """``hook(dest)`` runs when an ``rpc_sync`` to ``dest`` returned or raised, before its
+    caller goes on (the notebook shows the destination's output first)."""
+    global _after_reply
+    _after_reply = hook
+
+
 def wait_future(fut: Any, dest: Any = None, poll: float = 0.1) -> Any:
     """``fut.wait()`` that Ctrl-C can interrupt and that notices a dead destination.
 
@@ -156,6 +165,13 @@ def _tell_interrupted(dest: Any) -> None:
             continue
 
 
+def _tell_replied(dest: Any) -> None:
+    """Run the ``after_reply`` hook (it keeps its own short deadline)."""
+    hook = _after_reply
+    if hook is not None:
+        hook(dest)
+
+
 _TRANSPORT = ("eof", "pipe closed", "connection reset", "connection closed", "broken pipe")
 
 
@@ -187,7 +203,18 @@ def install_caller() -> None:
     @api._require_initialized
     def rpc_sync(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT):
         fut = api._invoke_rpc(to, func, api.RPCExecMode.SYNC, args, kwargs, timeout)
-        return wait_future(fut, to)
+        try:
+            value = wait_future(fut, to)
+        except KeyboardInterrupt:
+            raise  # Ctrl-C returns at once; the output follows when it comes
+        except BaseException:
+            try:
+                _tell_replied(to)
+            except KeyboardInterrupt:
+                pass  # the call's own error is what the caller sees
+            raise
+        _tell_replied(to)  # Ctrl-C here raises, as it would a moment later
+        return value
 
     rpc_sync.__doc__ = original.__doc__
     rpc_sync.__wrapped__ = original  # type: ignore[attr-defined]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections
 import hashlib
 import hmac
+import itertools
 import os
 import select
 import socket
@@ -24,16 +25,31 @@ import time
 from ..errors import DistTimeoutError
 from .protocol import HEADER, Message, decode, encode, frame_length
 
-__all__ = ["Channel", "ChannelClosed", "HandshakeError", "Listener", "connect"]
+__all__ = [
+    "Channel",
+    "ChannelBlocked",
+    "ChannelClosed",
+    "HandshakeError",
+    "Listener",
+    "connect",
+]
 
 _NONCE = 32
 _MAC = hashlib.sha256().digest_size
 QUEUE_LIMIT = 4096  # frames waiting to be written before ``send`` applies back-pressure
+QUEUE_BYTES = 16 << 20  # ... or this many bytes
 FRAME_DEADLINE = 10.0  # seconds a started frame may take to arrive in full
+
+
+_LockType = type(threading.Lock())
 
 
 class ChannelClosed(OSError):
     """The channel is closed, or its peer went away."""
+
+
+class ChannelBlocked(ChannelClosed):
+    """The peer has not read for a while: ``send`` gave up waiting for room (retry later)."""
 
 
 class HandshakeError(PermissionError):
@@ -56,6 +72,11 @@ class Channel:
         self._closed = False
         self._broken: BaseException | None = None
         self._queue: collections.deque = collections.deque()
+        self._queued_bytes = 0
+        self._bytes_lock = threading.Lock()
+        self._seq = itertools.count(1)
+        self._drop_upto = 0  # droppable frames with a number up to this are not written
+        self.dropped_bytes = 0
         self._wake = threading.Lock()
         self._wake.acquire()
         self._writer: threading.Thread | None = None
@@ -65,26 +86,46 @@ class Channel:
             self._writer.start()
 
     # -- sending ------------------------------------------------------------------------------
-    def send(self, msg: Message, block: float = 10.0) -> None:
+    def send(self, msg: Message, block: float = 10.0, droppable: bool = False) -> None:
         """Queue ``msg`` (encoded here, so errors surface in the caller); never cuts a frame.
 
-        When ``QUEUE_LIMIT`` frames are already waiting, waits up to ``block`` seconds for
-        room, then raises ``ChannelClosed``.
+        When ``QUEUE_LIMIT`` frames or ``QUEUE_BYTES`` bytes already wait, waits up to
+        ``block`` seconds for room, then raises ``ChannelBlocked``. ``droppable`` frames
+        (printed output) may be discarded by ``drop_pending`` before they are written.
         """
         payload = encode(msg)
         if self._writer is None:
             self._write_frame(payload)
             return
+        if self._full():
+            give_up = time.monotonic() + block
+            while self._full():
+                if self._closed or self._broken is not None:
+                    break
+                if time.monotonic() > give_up:
+                    raise ChannelBlocked(f"the control channel to {self.name} is blocked")
+                time.sleep(0.001)
         if self._closed or self._broken is not None:
             raise ChannelClosed(f"the control channel to {self.name} is closed")
-        if len(self._queue) >= QUEUE_LIMIT:
-            give_up = time.monotonic() + block
-            while len(self._queue) >= QUEUE_LIMIT:
-                if time.monotonic() > give_up or self._closed or self._broken is not None:
-                    raise ChannelClosed(f"the control channel to {self.name} is blocked")
-                time.sleep(0.001)
-        self._queue.append(payload)  # one atomic step: an interrupt lands before or after
+        with self._bytes_lock:
+            self._queued_bytes += len(payload)
+        # one atomic step: an interrupt lands before or after, never inside
+        self._queue.append((payload, droppable, next(self._seq)))
         self._poke()
+
+    def send_frame(self, payload: bytes) -> None:
+        """Queue an already-encoded frame payload as it is (tests of a peer's decoder)."""
+        with self._bytes_lock:
+            self._queued_bytes += len(payload)
+        self._queue.append((bytes(payload), False, next(self._seq)))
+        self._poke()
+
+    def _full(self) -> bool:
+        return len(self._queue) >= QUEUE_LIMIT or self._queued_bytes >= QUEUE_BYTES
+
+    def drop_pending(self) -> None:
+        """Do not write the droppable frames queued so far (output after a Ctrl-C)."""
+        self._drop_upto = next(self._seq)
 
     def drain(self, timeout: float = 5.0) -> bool:
         """Wait until every frame queued so far has been written; False on timeout/closed."""
@@ -109,13 +150,18 @@ class Channel:
         while True:
             while queue:
                 item = queue.popleft()
-                if isinstance(item, bytes):
-                    if self._broken is None:
+                if type(item) is tuple:
+                    payload, droppable, seq = item
+                    with self._bytes_lock:
+                        self._queued_bytes -= len(payload)
+                    if droppable and seq <= self._drop_upto:
+                        self.dropped_bytes += len(payload)
+                    elif self._broken is None:
                         try:
-                            self._write_frame(item)
+                            self._write_frame(payload)
                         except OSError as exc:
                             self._broken = exc
-                else:
+                elif isinstance(item, _LockType):
                     item.release()  # a drain marker
             if self._closed:
                 return

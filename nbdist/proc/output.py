@@ -1,12 +1,10 @@
-"""Output forwarding: worker streams out, rank-prefixed lines in.
+"""Output forwarding, worker side: what a rank prints travels to the notebook.
 
-Worker side: ``ChannelStream`` replaces ``sys.stdout``/``sys.stderr`` and batches writes from
+``ChannelStream`` replaces ``sys.stdout``/``sys.stderr`` and batches writes from
 any thread (flushed every 30 ms, at once when large, and before a cell's result is sent);
 ``capture_fds`` catches what bypasses Python (C++ logs, subprocesses) at the file descriptor.
 
-Notebook side: ``Router`` turns chunks into whole lines led by the rank's name, ``[obs2] ...``,
-and writes them to whatever ``sys.stdout``/``sys.stderr`` is at that moment, which in a Jupyter
-kernel is the cell that is running.
+The notebook side (lines led by the rank's name, live lines, logs) is ``cluster.router``.
 """
 
 from __future__ import annotations
@@ -14,7 +12,6 @@ from __future__ import annotations
 import codecs
 import io
 import os
-import sys
 import threading
 import time
 import weakref
@@ -22,11 +19,10 @@ from typing import Any
 
 from .protocol import Output
 
-__all__ = ["ChannelStream", "Router", "capture_fds"]
+__all__ = ["ChannelStream", "capture_fds"]
 
 _FLUSH_EVERY = 0.03
 _FLUSH_SIZE = 1 << 16
-PARTIAL_LIMIT = 1 << 16  # characters of one unfinished line the router holds per rank
 
 
 class ChannelStream(io.TextIOBase):
@@ -75,7 +71,7 @@ class ChannelStream(io.TextIOBase):
             self._buf.clear()
             self._size = 0
             try:
-                self.channel.send(Output(self.rank, self._name, text))
+                self.channel.send(Output(self.rank, self._name, text), droppable=True)
             except OSError:
                 pass
 
@@ -109,48 +105,6 @@ def _pump(fd: int, channel: Any, rank: int, name: str) -> None:
         text = decoder.decode(data)
         if text:
             try:
-                channel.send(Output(rank, name, text))
+                channel.send(Output(rank, name, text), droppable=True)
             except OSError:
                 return
-
-
-class Router:
-    """Assembles per-rank chunks into prefixed lines on the notebook's current streams."""
-
-    def __init__(self) -> None:
-        self._partial: dict[tuple[int, str], tuple[str, str]] = {}
-        self._lock = threading.Lock()
-        self.muted = False
-
-    def feed(self, rank: int, name: str, stream: str, text: str) -> None:
-        if self.muted:
-            return
-        with self._lock:
-            _, before = self._partial.pop((rank, stream), (name, ""))
-            text = before + text
-            head, sep, tail = text.rpartition("\n")
-            lines = head.split("\n") if sep else []
-            while len(tail) > PARTIAL_LIMIT:  # a line without end is shown in pieces
-                lines.append(tail[:PARTIAL_LIMIT])
-                tail = tail[PARTIAL_LIMIT:]
-            if tail:
-                self._partial[(rank, stream)] = (name, tail)
-            if lines:
-                self.write(stream, "".join(f"[{name}] {line}\n" for line in lines))
-
-    def flush(self, rank: int | None = None) -> None:
-        """Write out partial lines (all ranks, or one)."""
-        with self._lock:
-            for key in [k for k in self._partial if rank is None or k[0] == rank]:
-                name, tail = self._partial.pop(key)
-                self.write(key[1], f"[{name}] {tail}\n")
-
-    @staticmethod
-    def write(stream: str, text: str) -> None:
-        """Write to the notebook's current stdout or stderr (the running cell in Jupyter)."""
-        target = sys.stderr if stream == "stderr" else sys.stdout
-        try:
-            target.write(text)
-            target.flush()
-        except (ValueError, OSError):
-            pass

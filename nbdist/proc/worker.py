@@ -23,7 +23,7 @@ from datetime import timedelta
 from typing import Any
 
 from ..patches import rpc_hooks, shipping
-from .channel import Channel, connect
+from .channel import Channel, ChannelBlocked, connect
 from .output import ChannelStream, capture_fds
 from .protocol import (
     Exec,
@@ -123,12 +123,24 @@ _streams: list[ChannelStream] = []
 
 
 class _MetricsOutbox:
-    """What telemetry hands its batches to: wraps each in a ``Metrics`` message."""
+    """What telemetry hands its batches to: wraps each in a ``Metrics`` message. Lossless:
+    while the notebook is slow to read it keeps waiting (it gives up only when closed)."""
 
     @staticmethod
     def send(batch: tuple) -> None:
-        if _channel is not None:
-            _channel.send(Metrics(_rank, batch))
+        if _channel is None:
+            return
+        msg = Metrics(_rank, batch)
+        while True:
+            try:
+                _channel.send(msg)
+                return
+            except ChannelBlocked:
+                continue
+
+    @staticmethod
+    def drain(timeout: float) -> bool:
+        return _channel.drain(timeout) if _channel is not None else True
 
 
 _metrics_outbox = _MetricsOutbox()
@@ -232,6 +244,7 @@ def _read_commands(cells: queue.Queue) -> None:
             cells.put(msg)
         elif isinstance(msg, Interrupt):
             signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+            _drop_queued_output()
         elif isinstance(msg, Flush):  # everything printed or logged so far goes before the ack
             _flush_all()
             _channel.send(Flushed(_rank, msg.token))
@@ -239,6 +252,18 @@ def _read_commands(cells: queue.Queue) -> None:
             _flush_all()
             _channel.close(timeout=2.0)
             os._exit(0)
+
+
+def _drop_queued_output() -> None:
+    """After Ctrl-C, output still queued here is not worth the wait: drop it, say how much."""
+    assert _channel is not None
+    before = _channel.dropped_bytes
+    _channel.drop_pending()
+    _channel.drain(1.0)
+    lost = _channel.dropped_bytes - before
+    if lost:
+        _channel.send(Output(_rank, "stderr", f"nbdist: {lost / 1024:,.0f} KB of output not "
+                                              "shown after the interrupt\n"))
 
 
 def _run_cell(ns: dict, code: str, filename: str, exec_id: int) -> Result:

@@ -1,0 +1,291 @@
+"""Worker output in the notebook: rank-led lines, live progress lines, logs, flood limits.
+
+``Router.feed`` gets each rank's text as it arrives and:
+
+- writes complete lines as ``[name] line`` to the notebook's current stdout/stderr (in a
+  Jupyter kernel: the running cell); a line rewritten with ``\\r`` shows as it ends up;
+- shows an unfinished line that is being rewritten with ``\\r`` (tqdm, hand-made progress)
+  as one *live line* per rank, updated in place (a display handle in Jupyter, a ``\\r`` line
+  in a terminal) at most every ``LIVE_EVERY`` seconds; it ends as one line with the final
+  state. Other unfinished lines are written after ``PARTIAL_WAIT`` seconds of silence;
+- keeps everything: a tail of ``TAIL_LINES`` lines per rank in memory and the full log per
+  rank in a file of the world's runtime directory (``logs``);
+- stops echoing a rank that printed more than ``limit_lines`` lines or ``limit_bytes``
+  characters in one cell, saying once where the rest is (``%dist_logs``).
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+__all__ = ["LiveLine", "Router", "StatusLine"]
+
+TAIL_LINES = 10_000
+PARTIAL_LIMIT = 1 << 16  # characters of one unfinished line held per rank and stream
+PARTIAL_WAIT = 0.2  # seconds of silence before an unfinished (non-\r) line is written
+LIVE_EVERY = 0.1  # seconds between two updates of a rank's live line
+CELL_LINES = int(os.environ.get("NBDIST_CELL_OUTPUT_LINES", "20000"))
+CELL_BYTES = int(float(os.environ.get("NBDIST_CELL_OUTPUT_MB", "5")) * 2**20)
+
+
+def _in_jupyter() -> bool:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    ip = get_ipython()
+    return ip is not None and type(ip).__name__ == "ZMQInteractiveShell"
+
+
+class LiveLine:
+    """One rank's line updated in place through a Jupyter display handle."""
+
+    def __init__(self) -> None:
+        self.handle: Any = None
+
+    def show(self, text: str) -> None:
+        from IPython.display import display
+
+        bundle = {"text/plain": text}
+        if self.handle is None:
+            self.handle = display(bundle, raw=True, display_id=True)
+        else:
+            self.handle.update(bundle, raw=True)
+
+
+class _TerminalLive:
+    """Outside Jupyter every rank's live line shares one terminal line, rewritten with ``\r``."""
+
+    def __init__(self) -> None:
+        self.lines: dict[tuple[int, str], str] = {}
+        self.width = 0
+
+    def _render(self, end: str = "") -> None:
+        text = " | ".join(self.lines.values())
+        pad = max(self.width - len(text), 0)
+        Router.write("stderr", f"\r{text}{' ' * pad}{end}")
+        self.width = len(text)
+
+    def show(self, key: tuple[int, str], text: str) -> None:
+        self.lines[key] = text
+        self._render()
+
+    def finish(self, key: tuple[int, str], text: str) -> None:
+        """Print ``text`` as a line of its own; the other live lines go on below it."""
+        self.lines.pop(key, None)
+        pad = max(self.width - len(text), 0)
+        Router.write("stderr", f"\r{text}{' ' * pad}\n")
+        self.width = 0
+        if self.lines:
+            self._render()
+
+
+class StatusLine:
+    """A one-line status updated in place (Jupyter display handle, or ``\r`` on stderr)."""
+
+    def __init__(self) -> None:
+        self.jupyter = _in_jupyter()
+        self.live = LiveLine() if self.jupyter else None
+        self.width = 0
+        self.shown = False
+
+    def show(self, text: str) -> None:
+        self.shown = True
+        if self.live is not None:
+            self.live.show(text)
+        else:
+            Router.write("stderr", f"\r{text}{' ' * max(self.width - len(text), 0)}")
+            self.width = len(text)
+
+    def done(self, text: str) -> None:
+        """End with ``text`` as the line's final state (only if it was ever shown)."""
+        if not self.shown:
+            return
+        if self.live is not None:
+            self.live.show(text)
+        else:
+            Router.write("stderr", f"\r{text}{' ' * max(self.width - len(text), 0)}\n")
+
+
+class _RankOut:
+    """What the router keeps for one rank."""
+
+    def __init__(self, rank: int, name: str, log_dir: str | None) -> None:
+        self.rank, self.name = rank, name
+        self.partial: dict[str, str] = {}
+        self.partial_at: dict[str, float] = {}
+        self.live: dict[str, LiveLine | None] = {}  # None: on the shared terminal line
+        self.live_at: dict[str, float] = {}
+        self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self.lines = 0  # echoed in this cell
+        self.chars = 0
+        self.muted = False  # over this cell's limit
+        self.log = None
+        self.log_path: str | None = None
+        if log_dir is not None:
+            self.log_path = os.path.join(log_dir, f"rank{rank}-{name}.log")
+            self.log = open(self.log_path, "a", encoding="utf-8", newline="")  # noqa: SIM115
+
+
+class Router:
+    """Routes every rank's output; one per world. Thread-safe."""
+
+    def __init__(self, limit_lines: int = CELL_LINES, limit_bytes: int = CELL_BYTES) -> None:
+        self.log_dir: str | None = None
+        self.limit_lines, self.limit_bytes = limit_lines, limit_bytes
+        self._ranks: dict[int, _RankOut] = {}
+        self._lock = threading.RLock()
+        self.muted = False
+        self.jupyter = _in_jupyter()
+        self._terminal = _TerminalLive()
+
+    def keep_logs_in(self, log_dir: str) -> None:
+        """Write each rank's full log into ``log_dir`` (made private) from now on."""
+        os.makedirs(log_dir, mode=0o700, exist_ok=True)
+        self.log_dir = log_dir
+
+    def _out(self, rank: int, name: str) -> _RankOut:
+        out = self._ranks.get(rank)
+        if out is None:
+            out = self._ranks[rank] = _RankOut(rank, name, self.log_dir)
+        return out
+
+    # -- input --------------------------------------------------------------------------------
+    def feed(self, rank: int, name: str, stream: str, text: str) -> None:
+        """Text a rank wrote to ``stream``, in any chunking."""
+        with self._lock:
+            out = self._out(rank, name)
+            if out.log is not None:
+                out.log.write(text)
+            text = out.partial.pop(stream, "") + text
+            *lines, tail = text.split("\n")
+            while len(tail) > PARTIAL_LIMIT:  # a line without end is shown in pieces
+                lines.append(tail[:PARTIAL_LIMIT])
+                tail = tail[PARTIAL_LIMIT:]
+            if lines:
+                self._lines(out, stream, lines)
+            if tail:
+                out.partial[stream] = tail
+                out.partial_at[stream] = time.monotonic()
+                if "\r" in tail:
+                    self._show_live(out, stream, tail)
+
+    def _lines(self, out: _RankOut, stream: str, lines: list[str]) -> None:
+        shown = [line.rsplit("\r", 1)[-1] if "\r" in line else line for line in lines]
+        out.tail.extend(shown)
+        if stream in out.live:  # the live line ends as its final state
+            live = out.live.pop(stream)
+            out.live_at.pop(stream, None)
+            final = f"[{out.name}] {shown[0]}"
+            if live is not None:
+                live.show(final)
+            else:
+                self._terminal.finish((out.rank, stream), final)
+            shown = shown[1:]
+        if self.muted or out.muted or not shown:
+            return
+        out.lines += len(shown)
+        out.chars += sum(len(s) for s in shown)
+        if out.lines > self.limit_lines or out.chars > self.limit_bytes:
+            out.muted = True
+            where = f"%dist_logs {out.name}"
+            self.write("stderr", f"[{out.name}] nbdist: this rank printed more than this "
+                                 f"cell's limit ({self.limit_lines:,} lines or "
+                                 f"{self.limit_bytes / 2**20:g} MB); the rest is in its log: "
+                                 f"`{where}`\n")
+            return
+        self.write(stream, "".join(f"[{out.name}] {s}\n" for s in shown))
+
+    def _show_live(self, out: _RankOut, stream: str, tail: str, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - out.live_at.get(stream, 0.0) < LIVE_EVERY:
+            return
+        if self.muted or out.muted:
+            return
+        state = tail.rsplit("\r", 1)[-1] or tail.rstrip("\r").rsplit("\r", 1)[-1]
+        if stream not in out.live:
+            out.live[stream] = LiveLine() if self.jupyter else None
+        live = out.live[stream]
+        out.live_at[stream] = now
+        if live is not None:
+            live.show(f"[{out.name}] {state}")
+        else:
+            self._terminal.show((out.rank, stream), f"[{out.name}] {state}")
+
+    # -- time passing -------------------------------------------------------------------------
+    def tick(self) -> None:
+        """Called often by the receiver: write lines held too long, catch live lines up."""
+        now = time.monotonic()
+        with self._lock:
+            for out in self._ranks.values():
+                for stream, tail in list(out.partial.items()):
+                    if "\r" in tail:
+                        if out.live_at.get(stream, 0.0) < out.partial_at[stream]:
+                            self._show_live(out, stream, tail)
+                    elif now - out.partial_at[stream] > PARTIAL_WAIT:
+                        del out.partial[stream]
+                        self._lines(out, stream, [tail])
+
+    def flush(self, rank: int | None = None) -> None:
+        """Write out unfinished lines (all ranks, or one) and end their live lines."""
+        with self._lock:
+            for out in self._ranks.values():
+                if rank is not None and out.rank != rank:
+                    continue
+                for stream in list(out.partial):
+                    self._lines(out, stream, [out.partial.pop(stream)])
+                if out.log is not None:
+                    out.log.flush()
+
+    def new_cell(self) -> None:
+        """A new cell began: per-cell limits start over."""
+        with self._lock:
+            for out in self._ranks.values():
+                out.lines = out.chars = 0
+                out.muted = False
+
+    # -- reading back -------------------------------------------------------------------------
+    def logs(self, rank: int, tail: int | None = 50) -> list[str]:
+        """The last ``tail`` lines a rank wrote (None: all, from its log file)."""
+        with self._lock:
+            out = self._ranks.get(rank)
+            if out is None:
+                return []
+            if tail is not None and tail <= TAIL_LINES:
+                lines = list(out.tail)
+                return lines[-tail:] if tail else []
+            if out.log is None or out.log_path is None:
+                return list(out.tail)
+            out.log.flush()
+            with open(out.log_path, encoding="utf-8", errors="replace", newline="") as f:
+                lines = [line.rsplit("\r", 1)[-1] for line in f.read().split("\n")]
+            if lines and lines[-1] == "":
+                lines.pop()
+            return lines[-tail:] if tail else lines
+
+    def log_paths(self) -> dict[int, str]:
+        with self._lock:
+            return {r: o.log_path for r, o in self._ranks.items() if o.log_path}
+
+    def close(self) -> None:
+        """Close the log files (the world's directory, and with it the logs, goes at stop)."""
+        with self._lock:
+            for out in self._ranks.values():
+                if out.log is not None:
+                    out.log.close()
+                    out.log = None
+
+    @staticmethod
+    def write(stream: str, text: str) -> None:
+        """Write to the notebook's current stdout or stderr (the running cell in Jupyter)."""
+        target = sys.stderr if stream == "stderr" else sys.stdout
+        try:
+            target.write(text)
+            target.flush()
+        except (ValueError, OSError):
+            pass
