@@ -189,17 +189,21 @@ class Router:
             shown = shown[1:]
         if self.muted or out.muted or not shown:
             return
-        out.lines += len(shown)
-        out.chars += sum(len(s) for s in shown)
-        if out.lines > self.limit_lines or out.chars > self.limit_bytes:
-            out.muted = True
-            where = f"%dist_logs {out.name}"
+        keep = 0
+        for line in shown:  # echo up to the cell's limit, not a line more
+            if out.lines >= self.limit_lines or out.chars + len(line) > self.limit_bytes:
+                out.muted = True
+                break
+            out.lines += 1
+            out.chars += len(line)
+            keep += 1
+        if keep:
+            self.write(stream, "".join(f"[{out.name}] {s}\n" for s in shown[:keep]))
+        if out.muted:
             self.write("stderr", f"[{out.name}] nbdist: this rank printed more than this "
                                  f"cell's limit ({self.limit_lines:,} lines or "
                                  f"{self.limit_bytes / 2**20:g} MB); the rest is in its log: "
-                                 f"`{where}`\n")
-            return
-        self.write(stream, "".join(f"[{out.name}] {s}\n" for s in shown))
+                                 f"`%dist_logs {out.name}`\n")
 
     def _show_live(self, out: _RankOut, stream: str, tail: str, force: bool = False) -> None:
         now = time.monotonic()
