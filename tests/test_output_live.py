@@ -163,3 +163,45 @@ def test_dist_logs_magic_and_keeping_logs_after_stop(ipython, tmp_path, capsys):
     kept = sorted(p.name for p in (tmp_path / "logs").iterdir())
     assert kept == ["rank1-obs1.log", "rank2-obs2.log"]
     assert (tmp_path / "logs" / "rank2-obs2.log").read_text() == "hello from 2\n"
+
+
+def test_nbconvert_keeps_one_output_per_rank_with_the_final_state(tmp_path):
+    """nbclient applies display updates to the stored outputs: one line per rank remains."""
+    import nbformat
+    from conftest import run_notebook
+
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                 "language": "python"}
+    nb.cells = [nbformat.v4.new_code_cell(c) for c in (
+        "%load_ext nbdist\n%dist_start 2",
+        "%%dist\nimport time\nfor i in range(10):\n"
+        "    print(f'\\rstep {i}', end='', flush=True)\n    time.sleep(0.1)\nprint()",
+        "%dist_stop")]
+    path = tmp_path / "progress.ipynb"
+    nbformat.write(nb, str(path))
+    done = run_notebook(path, timeout=300)
+    outputs = done.cells[1].outputs
+    live = [o for o in outputs if o.get("output_type") == "display_data"]
+    assert sorted(o["data"]["text/plain"] for o in live) == ["[worker1] step 9",
+                                                            "[worker2] step 9"], outputs
+    streams = "".join(o.get("text", "") for o in outputs if o.get("output_type") == "stream")
+    assert "step" not in streams, streams
+
+
+def test_in_a_terminal_live_lines_share_one_carriage_return_line(capsys):
+    from nbdist.cluster.router import Router
+
+    router = Router()
+    assert not router.jupyter  # pytest is no Jupyter kernel
+    router.feed(1, "w1", "stdout", "\rstep 1")
+    router.feed(2, "w2", "stdout", "\rstep 1")
+    time.sleep(0.15)  # past the update interval
+    router.feed(1, "w1", "stdout", "\rstep 2")
+    router.feed(1, "w1", "stdout", "\n")
+    err = capsys.readouterr().err
+    assert "\r[w1] step 1" in err and "[w1] step 1 | [w2] step 1" in err
+    assert err.rstrip(" \r").endswith("[w2] step 1")  # w2 stays live after w1 ended
+    assert "\r[w1] step 2" in err  # w1's final state, written as a line of its own
+    assert "[w1] step 2" in err.split("\n")[-2] if "\n" in err else False
+    assert router.logs(1) == ["step 2"]
