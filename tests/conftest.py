@@ -1,9 +1,24 @@
-"""Shared fixtures: real worlds, real kernels, real notebooks; everything started is stopped."""
+"""Shared fixtures: real worlds, real kernels, real notebooks; everything started is stopped.
+
+Helpers every test file uses (import them: ``from conftest import wait_until``):
+
+- ``wait_until(predicate, timeout, what)``: poll until ``predicate()`` is truthy; a timeout fails
+  the test saying what it waited for. Deadlines mean "it hangs": ≥ 10× the expected time.
+- ``free_port()``, ``child_pids()``, ``wait_gone(pids)``.
+- ``run_notebook`` / ``run_checked``: execute a notebook headless in a real kernel.
+
+Fixtures: ``world`` (in-process worlds), ``ipython`` (a shell with ``%load_ext nbdist``),
+``kernel`` / ``kernels`` (real Jupyter kernels, kernel_helpers.Kernel), and the autouse leak
+guard, which after every test checks child processes, nbdist threads, open file descriptors,
+per-world runtime directories and the working directory, naming the test that leaked.
+"""
 
 from __future__ import annotations
 
 import os
+import socket
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -14,63 +29,77 @@ ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
 ARTIFACTS = ROOT / "tests" / "artifacts"
 
+sys.path.insert(0, str(ROOT / "tests"))
 
-def _descendants() -> set[int]:
+
+# -- helpers ----------------------------------------------------------------------------------
+def wait_until(predicate, timeout: float, what: str, interval: float = 0.02):
+    """Poll ``predicate`` until it returns something truthy, and return that.
+
+    Fails the test after ``timeout`` seconds with "timed out after Ns waiting for <what>".
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}"
+                                 f" (last value: {value!r})")
+        time.sleep(interval)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def child_pids(match: str | None = None) -> set[int]:
+    """Pids of this process's descendants; with ``match``, only those whose command line
+    contains one of the words in it (``"ipykernel nbdist"``)."""
     try:
-        return {p.pid for p in psutil.Process().children(recursive=True)}
+        procs = psutil.Process().children(recursive=True)
     except psutil.Error:
         return set()
+    if match is None:
+        return {p.pid for p in procs}
+    words = match.split()
+    found = set()
+    for p in procs:
+        try:
+            line = " ".join(p.cmdline())
+        except psutil.Error:
+            continue
+        if any(w in line for w in words):
+            found.add(p.pid)
+    return found
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return True
 
 
 def wait_gone(pids, timeout: float = 5.0) -> list[int]:
     """Poll until none of ``pids`` is alive (zombies count as gone); returns the survivors."""
     deadline = time.monotonic() + timeout
     alive = list(pids)
-    while alive and time.monotonic() < deadline:
-        alive = [p for p in alive if psutil.pid_exists(p)
-                 and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
-        if alive:
-            time.sleep(0.05)
+    while alive:
+        alive = [p for p in alive if not _gone(p)]
+        if not alive or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     return alive
 
 
-@pytest.fixture
-def world():
-    """A factory for in-process worlds: ``world(2, name="agent")``; always stopped after."""
-    import nbdist
-
-    started = []
-
-    def make(n: int = 2, **kw):
-        c = nbdist.start(n, quiet=True, **kw)
-        started.append(c)
-        return c
-
-    yield make
-    c = nbdist.current()
-    if c is not None:
-        c.stop()
-    for c in started:
-        if c.running:  # Cluster.stop is not idempotent: a second call writes to closed fds
-            c.stop()
-
-
-@pytest.fixture
-def ipython():
-    """An IPython shell with ``%load_ext nbdist``; any world it starts is stopped after."""
-    from IPython.testing.globalipapp import get_ipython
-
-    import nbdist
-
-    ip = get_ipython()
-    ip.run_line_magic("load_ext", "nbdist")
-    yield ip
-    nbdist.stop()
-
-
+# -- notebooks --------------------------------------------------------------------------------
 def run_notebook(path: Path, timeout: int = 600, env: dict | None = None,
-                 save_to: Path | None = None):
-    """Execute a notebook headless in a real kernel (cwd = its folder); returns it."""
+                 save_to: Path | None = None, cwd: Path | None = None):
+    """Execute a notebook headless in a real kernel (cwd = ``cwd`` or its folder); returns it."""
     import nbformat
     from nbclient import NotebookClient
 
@@ -79,7 +108,7 @@ def run_notebook(path: Path, timeout: int = 600, env: dict | None = None,
     os.environ.update(env or {})
     try:
         client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
-                                resources={"metadata": {"path": str(path.parent)}})
+                                resources={"metadata": {"path": str(cwd or path.parent)}})
         client.execute()
     finally:
         for k, v in old.items():
@@ -93,14 +122,24 @@ def run_notebook(path: Path, timeout: int = 600, env: dict | None = None,
     return nb
 
 
-def run_quick(name: str, timeout: int = 300):
+def run_quick(name: str, timeout: int = 300, cwd: Path | None = None):
     """Run ``notebooks/name`` in quick mode; returns (notebook, its text output, seconds)."""
-    import time as _time
-
-    t0 = _time.monotonic()
+    t0 = time.monotonic()
     nb = run_notebook(NOTEBOOKS / name, env={"NBDIST_QUICK": "1"}, timeout=timeout,
-                      save_to=ARTIFACTS / name)
-    return nb, cell_text(nb), _time.monotonic() - t0
+                      save_to=ARTIFACTS / name, cwd=cwd)
+    return nb, cell_text(nb), time.monotonic() - t0
+
+
+def run_checked(name: str, timeout: int = 300, cwd: Path | None = None):
+    """Run a tutorial notebook in quick mode and check what every tutorial promises: no error
+    output, its checks cell passed, the world was stopped, no traceback printed.
+    Returns (notebook, text output, seconds); the executed copy is in tests/artifacts/."""
+    nb, text, seconds = run_quick(name, timeout=timeout, cwd=cwd)
+    assert_no_errors(nb)
+    assert "all checks passed" in text, text[-3000:]
+    assert "nbdist: stopped" in text, text[-3000:]
+    assert "Traceback" not in text, text[-3000:]
+    return nb, text, seconds
 
 
 def assert_follows_rules(name: str, forbidden: tuple[str, ...] = ()) -> None:
@@ -139,22 +178,187 @@ def cell_text(nb) -> str:
     return "".join(parts)
 
 
-@pytest.fixture(autouse=True)
-def no_leftover_processes():
-    """Every test must leave no child processes behind (the template may idle; it's ours)."""
-    before = _descendants()
-    yield
-    from nbdist.cluster.session import SESSION as cl
+# -- fixtures ---------------------------------------------------------------------------------
+@pytest.fixture
+def world():
+    """A factory for in-process worlds: ``world(2, name="agent")``; always stopped after."""
+    import nbdist
 
-    template_pid = cl.template.pid if cl.template is not None else None
-    extra = _descendants() - before - {template_pid}
-    left = wait_gone(extra, 5.0)
+    started = []
+
+    def make(n: int = 2, **kw):
+        c = nbdist.start(n, quiet=True, **kw)
+        started.append(c)
+        return c
+
+    yield make
+    c = nbdist.current()
+    if c is not None:
+        c.stop()
+    for c in started:
+        c.stop()  # idempotent
+
+
+@pytest.fixture
+def ipython():
+    """An IPython shell with ``%load_ext nbdist``; any world it starts is stopped after."""
+    from IPython.testing.globalipapp import get_ipython
+
+    import nbdist
+
+    ip = get_ipython()
+    ip.run_line_magic("load_ext", "nbdist")
+    yield ip
+    nbdist.stop()
+
+
+@pytest.fixture
+def kernels():
+    """A factory for real Jupyter kernels (``kernels()`` → kernel_helpers.Kernel); every one
+    is shut down after the test, whatever happened."""
+    from kernel_helpers import Kernel
+
+    started = []
+
+    def make(**kw):
+        k = Kernel(**kw)
+        started.append(k)
+        return k
+
+    yield make
+    for k in started:
+        k.close()
+
+
+@pytest.fixture
+def kernel(kernels):
+    """One real Jupyter kernel, shut down after the test."""
+    return kernels()
+
+
+# -- the leak guard ---------------------------------------------------------------------------
+# fds a test may leave open: handles torch and the libraries open once per process, lazily
+FD_SLACK = 2
+THREAD_GRACE = 5.0  # seconds for nbdist threads to end after a stop (their joins are bounded)
+# Threads that live as long as the warm template or the process, not one world:
+PROCESS_THREADS = {"nbdist-template-reader", "nbdist-send-the template process",
+                   "nbdist-stderr-filter"}
+
+
+def _nbdist_threads() -> list[str]:
+    return sorted(t.name for t in threading.enumerate()
+                  if t.name.startswith("nbdist-") and t.name not in PROCESS_THREADS
+                  and t.is_alive())
+
+
+def _fds() -> dict[int, str]:
+    """Open fds and what they point to, but TensorPipe's shared-memory segments: torch's RPC
+    context of the last world (and its ~24 segments per peer) lives until the next world
+    starts (startup resets the RRefContext singleton then), so their count follows the last
+    world's size, not leaks."""
+    found = {}
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            continue  # the listing's own fd, or one closed meanwhile
+        if "tensorpipe_shm" not in target:
+            found[int(name)] = target
+    return found
+
+
+def _process_fds() -> set[int]:
+    """fds that live as long as the warm template or the process: the template's channel,
+    the stderr filter's pipe and saved stderr."""
+    from nbdist.cluster.session import SESSION
+
+    keep = set()
+    t = SESSION.template
+    conn = getattr(t, "conn", None) if t is not None else None
+    try:
+        if conn is not None and not conn.closed:
+            keep.add(conn.fileno())
+    except (OSError, ValueError):
+        pass
+    return keep
+
+
+def _world_dirs() -> set[str]:
+    from nbdist.cluster.session import SESSION
+
+    rt = SESSION.runtime_dir
+    if rt is None or not os.path.isdir(rt):
+        return set()
+    return {os.path.join(rt, d) for d in os.listdir(rt) if d.startswith("w")}
+
+
+@pytest.fixture(autouse=True, scope="session")
+def warm_process():
+    """Start and stop one world and make the IPython shell before the first test, so the
+    handles a process opens once (torch's TensorPipe shared-memory pool and event fds, the
+    stderr filter, the warm template's channel, IPython's history database) are not counted
+    as the first test's leak. Costs one world start (~3 s) per session."""
+    from IPython.testing.globalipapp import get_ipython
+
+    import nbdist
+
+    get_ipython()
+    nbdist.start(1, quiet=True).stop()
+    yield
+
+
+@pytest.fixture(autouse=True)
+def leak_guard(request, warm_process):
+    """After every test: no child process (but the warm template), no nbdist thread, no new
+    open fd (beyond FD_SLACK), no per-world runtime directory, nothing new in the working
+    directory. The failure names the test and what it left."""
+    from nbdist.cluster.session import SESSION
+    test = request.node.nodeid
+    procs, fds = child_pids(), _fds()
+    threads_before = set(_nbdist_threads())
+    dirs_before = _world_dirs()
+    cwd = os.getcwd()
+    cwd_before = set(os.listdir(cwd))
+    yield
+    problems = []
+
+    template_pid = SESSION.template.pid if SESSION.template is not None else None
+    left = wait_gone(child_pids() - procs - {template_pid}, 5.0)
     for pid in left:
         try:
             psutil.Process(pid).kill()
         except psutil.Error:
             pass
-    assert not left, f"processes left behind: {left}"
+    if left:
+        problems.append(f"processes {left}")
 
+    try:
+        wait_until(lambda: not (set(_nbdist_threads()) - threads_before), THREAD_GRACE,
+                   "nbdist threads to end")
+    except AssertionError:
+        problems.append(f"threads {sorted(set(_nbdist_threads()) - threads_before)}")
 
-sys.path.insert(0, str(ROOT / "tests"))
+    try:
+        wait_until(lambda: not (_world_dirs() - dirs_before), THREAD_GRACE,
+                   "world runtime directories to be removed")
+    except AssertionError:
+        problems.append(f"runtime directories {sorted(_world_dirs() - dirs_before)}")
+
+    slack = FD_SLACK
+    try:
+        wait_until(lambda: len(set(_fds()) - set(fds) - _process_fds()) <= slack, THREAD_GRACE,
+                   "open file descriptors to be closed")
+    except AssertionError:
+        now = _fds()
+        new = {fd: now[fd] for fd in sorted(set(now) - set(fds) - _process_fds())}
+        problems.append(f"{len(new)} more open file descriptors (slack {slack}): {new}")
+
+    new_files = sorted(set(os.listdir(cwd)) - cwd_before)
+    if new_files:
+        problems.append(f"new files in the working directory {cwd}: {new_files}")
+
+    if problems:
+        import nbdist
+
+        nbdist.stop()  # so the next test starts clean
+        pytest.fail(f"{test} left behind: " + "; ".join(problems), pytrace=False)

@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import psutil
 import pytest
+from conftest import child_pids
 from IPython.core.error import UsageError
-
-
-def _children() -> set[int]:
-    return {p.pid for p in psutil.Process().children(recursive=True)}
 
 
 @pytest.mark.parametrize("line, words", [
@@ -29,7 +25,7 @@ def _children() -> set[int]:
     ("2 --name \"unclosed", "No closing quotation"),
 ])
 def test_bad_dist_start_says_what_to_do_and_starts_nothing(ipython, line, words):
-    before = _children()
+    before = child_pids()
     with pytest.raises(UsageError) as info:
         ipython.run_line_magic("dist_start", line)
     assert words in str(info.value)
@@ -39,7 +35,7 @@ def test_bad_dist_start_says_what_to_do_and_starts_nothing(ipython, line, words)
     from nbdist.cluster.session import SESSION as cl
 
     template = {cl.template.pid} if cl.template is not None else set()
-    assert _children() - before - template == set()
+    assert child_pids() - before - template == set()
 
 
 def test_size_beyond_machine_says_why(ipython):
