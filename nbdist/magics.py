@@ -175,6 +175,20 @@ class DistMagics(Magics):
         return c.status()
 
     @magic_arguments()
+    @argument("rank", nargs="?", default=None,
+              help="rank number or name (default: the rank whose error was shown last)")
+    @no_var_expand
+    @line_magic
+    def dist_debug(self, line: str) -> None:
+        """pdb on a worker's last failure, typed here: p, pp, l, ll, w, up, down, q."""
+        args = _parse(self.dist_debug, line, "%dist_debug", self.shell.user_ns)
+        c = _require()
+        try:
+            c.debug(args.rank)
+        except ValueError as exc:
+            raise UsageError(f"%dist_debug: {exc}") from None
+
+    @magic_arguments()
     @argument("rank", nargs="?", default=None, help="rank number or name (default: every worker)")
     @argument("--tail", type=int, default=50, help="how many lines (default 50; 0: all)")
     @no_var_expand

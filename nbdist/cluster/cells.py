@@ -10,6 +10,7 @@ from typing import Any
 from ..errors import DistCellError, DistTimeoutError, RankFailure, WorkerDiedError
 from ..proc.channel import Channel
 from ..proc.protocol import Exec, Flush, Interrupt, Message, Result
+from .debug import DebugDesk
 from .ranks import RankInfo
 from .router import StatusLine
 from .session import SESSION
@@ -26,6 +27,8 @@ class Cells:
     def __init__(self, ranks: dict[int, RankInfo], cv: threading.Condition,
                  require_running: Callable[[str], None]) -> None:
         self.ranks, self.cv, self._require = ranks, cv, require_running
+        self.desk = DebugDesk(ranks, self._send)
+        self.last_failed: int | None = None  # the rank whose error was shown last
         self._results: dict[int, dict[int, Result]] = {}
         self._finished: dict[int, dict[int, float]] = {}  # exec id -> rank -> when (monotonic)
         self._flushed: dict[int, set[int]] = {}
@@ -96,6 +99,10 @@ class Cells:
         return [r for r in targets if r not in got and self.ranks[r].alive]
 
     def _wait(self, exec_id: int, targets: list[int], deadline: float | None) -> dict:
+        with self.desk.waiting():
+            return self._wait_serving(exec_id, targets, deadline)
+
+    def _wait_serving(self, exec_id: int, targets: list[int], deadline: float | None) -> dict:
         started = time.monotonic()
         status: StatusLine | None = None
         next_status = started + STATUS_AFTER
@@ -121,6 +128,12 @@ class Cells:
                     raise DistTimeoutError(f"timed out waiting for {who} to finish the cell; "
                                            "they were interrupted")
                 self.cv.wait(0.05)
+                if self.desk.has_prompts():  # a worker's debugger waits for the user
+                    self.cv.release()
+                    try:
+                        self.desk.serve()
+                    finally:
+                        self.cv.acquire()
 
     def _summary(self, exec_id: int, targets: list[int], started: float) -> str:
         done = self._finished.get(exec_id, {})
@@ -148,6 +161,7 @@ class Cells:
                 failures.append(RankFailure(r, info.name, res.error_type, res.error,
                                             res.traceback))
         if failures:
+            self.last_failed = failures[-1].rank
             ranks = ", ".join(f"{f.rank} ({f.name})" for f in failures)
             plural = "s" if len(failures) > 1 else ""
             raise DistCellError(failures, f"the cell failed on rank{plural} {ranks}: ")

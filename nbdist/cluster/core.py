@@ -19,7 +19,7 @@ from typing import Any
 from ..errors import ClusterStateError, DistTimeoutError, StartError, WorkerDiedError
 from ..patches import rpc_hooks
 from ..proc.channel import Listener
-from ..proc.protocol import Stop
+from ..proc.protocol import Debug, Stop
 from ..proc.runtime import pid_alive
 from ..spec import WorldSpec, parse_ranks
 from ..telemetry import records, tracing
@@ -158,7 +158,9 @@ class Cluster:
                 return
 
     def _check_dest(self, dest: Any) -> None:
-        """Death check for waits on RPCs: raise if ``dest`` is a dead rank of this world."""
+        """Called often while an RPC is waited for: serve worker debuggers; raise if ``dest``
+        is a dead rank of this world."""
+        self.cells.desk.serve()
         rank = self._rank_of(dest)
         if rank is not None:
             info = self.ranks[rank]
@@ -221,6 +223,29 @@ class Cluster:
         targets = parse_ranks(ranks, self.names) if ranks is not None else list(
             range(1, self.spec.n + 1))
         self.cells.interrupt(targets)
+
+    def debug(self, rank: Any = None) -> None:
+        """A pdb session, in this notebook's input box, on a worker's last failure.
+
+        ``rank`` (number or name) defaults to the rank whose error was shown last. Commands
+        run on the worker in the frame where it failed (``p``, ``pp``, ``l``, ``ll``, ``w``,
+        ``up``, ``down``, ``q``); ``breakpoint()`` on a worker opens the same prompt by itself.
+        """
+        if rank is None:
+            rank = self.cells.last_failed or self._rpc_failed()
+            if rank is None:
+                raise ValueError("no worker error has been shown yet; name the rank: "
+                                 "`%dist_debug 2` or `c.debug('worker2')`")
+        (r,) = parse_ranks(rank, self.names)
+        exec_id = next(SESSION.exec_ids)
+        self._require_running("debug a rank")
+        if not self.cells._send(r, Debug(exec_id)):
+            raise WorkerDiedError(r, self.names[r], self.ranks[r].reason(), "asked to debug")
+        self.report(self.collect(exec_id, [r], None), [r], show=False)
+
+    def _rpc_failed(self) -> int | None:
+        dest = rpc_hooks.last_failed_destination()
+        return self._rank_of(dest) if dest is not None else None
 
     def flush(self, timeout: float = 2.0) -> bool:
         """Wait until everything workers printed or logged so far has reached the notebook.

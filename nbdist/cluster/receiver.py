@@ -14,6 +14,8 @@ import time
 from typing import TYPE_CHECKING
 
 from ..proc.protocol import (
+    DebugEnd,
+    DebugPrompt,
     Failed,
     Flushed,
     FramingError,
@@ -180,6 +182,8 @@ class Receiver:
             with self.cv:
                 info.ready = True
                 self.cv.notify_all()
+        elif isinstance(msg, (DebugPrompt, DebugEnd)):
+            self.cells.desk.arrived(msg)
         elif isinstance(msg, Failed):
             with self.cv:
                 info.failure = msg.traceback

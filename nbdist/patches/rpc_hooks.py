@@ -31,11 +31,13 @@ from typing import Any
 __all__ = [
     "install_caller",
     "install_callee",
+    "last_failed_destination",
     "interrupt_rpc_threads",
     "quiet_warnings",
     "reset_world_state",
     "set_after_reply",
     "set_death_check",
+    "set_on_failure",
     "wait_future",
 ]
 
@@ -48,6 +50,8 @@ _death_check: Callable[[Any], None] | None = None
 _after_call: Callable[[], None] | None = None
 _on_interrupt: Callable[[Any], None] | None = None
 _after_reply: Callable[[Any], None] | None = None
+_on_failure: Callable[[BaseException, Any], None] | None = None
+_last_failed: Any = None  # destination of the last rpc_sync that raised
 _caller_installed = False
 _callee_installed = False
 
@@ -114,6 +118,18 @@ def set_death_check(check: Callable[[Any], None] | None,
     ``on_interrupt(dest)`` is told when Ctrl-C stops a wait on ``dest``."""
     global _death_check, _on_interrupt
     _death_check, _on_interrupt = check, on_interrupt
+
+
+def last_failed_destination() -> Any:
+    """Where the last ``rpc_sync`` that raised was sent (for ``%dist_debug``'s default)."""
+    return _last_failed
+
+
+def set_on_failure(hook: Callable[[BaseException, Any], None] | None) -> None:
+    """``hook(exc, traceback)`` is told of each exception an RPC function on this rank raised
+    (the worker keeps the last one for post-mortem debugging)."""
+    global _on_failure
+    _on_failure = hook
 
 
 def set_after_reply(hook: Callable[[Any], None] | None) -> None:
@@ -208,6 +224,8 @@ def install_caller() -> None:
         except KeyboardInterrupt:
             raise  # Ctrl-C returns at once; the output follows when it comes
         except BaseException:
+            global _last_failed
+            _last_failed = to
             try:
                 _tell_replied(to)
             except KeyboardInterrupt:
@@ -319,6 +337,12 @@ def _remote_exception(exc: BaseException) -> Any:
     from torch.distributed.rpc import internal
 
     tb = exc.__traceback__.tb_next if exc.__traceback__ else None  # not _run_function's frame
+    hook = _on_failure
+    if hook is not None:
+        try:
+            hook(exc, tb)
+        except Exception:  # noqa: BLE001 - bookkeeping must not change the reply
+            pass
     text = "".join(traceback.format_exception(type(exc), exc, tb))
     where = _get_current_rpc_agent().get_worker_info()
     return internal.RemoteException(f"On {where}:\n{exc!r}\n{text}", type(exc))

@@ -23,6 +23,10 @@ __all__ = [
     "HEADER",
     "MAX_FRAME",
     "VERSION",
+    "Debug",
+    "DebugEnd",
+    "DebugInput",
+    "DebugPrompt",
     "Exec",
     "Exit",
     "Exited",
@@ -143,6 +147,31 @@ class Result(Message):
 
 
 @_message
+class DisplayData(Message):
+    """W→N: a rich output (a mime bundle, binary values base64 text as in Jupyter) the rank
+    displayed: ``display()``, a figure, an update of an earlier display with the same
+    ``display_id`` (``update``), or a cell's last value (``result_of``: that cell's exec id)."""
+
+    TAG: ClassVar[str] = "display"
+    rank: int
+    data: dict
+    metadata: dict
+    display_id: str | None = None
+    update: bool = False
+    result_of: int = 0
+
+
+@_message
+class ClearOutput(Message):
+    """W→N: the rank called ``clear_output``: clear its own outputs in the running cell
+    (``wait``: when its next output arrives)."""
+
+    TAG: ClassVar[str] = "clear"
+    rank: int
+    wait: bool = False
+
+
+@_message
 class Flushed(Message):
     """W→N: everything printed or logged before the ``Flush(token)`` has been sent."""
 
@@ -182,6 +211,48 @@ class Stop(Message):
     """N→W: flush and exit now."""
 
     TAG: ClassVar[str] = "stop"
+
+
+# ---- debugging a rank -------------------------------------------------------------------------
+@_message
+class Debug(Message):
+    """N→W: open a post-mortem session on the rank's last failure (runs as a cell, answered
+    by a ``Result`` with this ``exec_id``)."""
+
+    TAG: ClassVar[str] = "debug"
+    exec_id: int
+
+
+@_message
+class DebugPrompt(Message):
+    """W→N: a debugger on ``rank`` wrote ``text`` and waits for a line at ``prompt``.
+    ``first``: the session just opened (a breakpoint asks whether anyone attends)."""
+
+    TAG: ClassVar[str] = "debug-prompt"
+    rank: int
+    session: int
+    text: str
+    prompt: str
+    first: bool = False
+
+
+@_message
+class DebugInput(Message):
+    """N→W: the line typed for ``session``; None ends the session (quit)."""
+
+    TAG: ClassVar[str] = "debug-input"
+    session: int
+    line: str | None
+
+
+@_message
+class DebugEnd(Message):
+    """W→N: the session ended (``text``: what the debugger wrote last)."""
+
+    TAG: ClassVar[str] = "debug-end"
+    rank: int
+    session: int
+    text: str = ""
 
 
 # ---- notebook <-> template --------------------------------------------------------------------

@@ -24,8 +24,11 @@ from typing import Any
 
 from ..patches import rpc_hooks, shipping
 from .channel import Channel, ChannelBlocked, connect
+from .debugger import Debugger
 from .output import ChannelStream, capture_fds
 from .protocol import (
+    Debug,
+    DebugInput,
     Exec,
     Failed,
     Flush,
@@ -43,6 +46,7 @@ from .protocol import (
 __all__ = ["run_forked", "current_channel"]
 
 _channel: Channel | None = None
+_debugger: Debugger = None  # type: ignore[assignment] - set at start-up
 _executing = False
 _rank = -1
 
@@ -86,6 +90,7 @@ def run_forked(cfg: dict) -> None:
         _channel = connect(cfg["socket"], cfg["authkey"], timeout=cfg["start_timeout"])
         _channel.send(Hello(_rank, os.getpid()))
         _setup_output(cfg)
+        _setup_debugger(cfg)
         if os.environ.get("NBDIST_TEST_STALL_RANK") == str(_rank):  # for the fault tests
             import time
 
@@ -159,6 +164,18 @@ def _setup_output(cfg: dict) -> None:
     rpc_hooks.quiet_warnings()  # ...but not torch's per-rank deprecation noise
 
 
+def _setup_debugger(cfg: dict) -> None:
+    """Failures are kept for ``%dist_debug``; ``breakpoint()`` prompts in the notebook."""
+    global _debugger
+    import pdb
+
+    assert _channel is not None
+    _debugger = Debugger(_rank, cfg["name"], _channel.send)
+    rpc_hooks.set_on_failure(_debugger.remember)
+    sys.breakpointhook = _debugger.set_trace
+    pdb.set_trace = lambda *a, **k: _debugger.set_trace(sys._getframe(1))
+
+
 def _flush_streams() -> None:
     """After each RPC function: printed output and logged metrics go before the reply."""
     from ..telemetry import records
@@ -223,9 +240,25 @@ def _serve(ns: dict) -> None:
         item = cells.get()
         if item is None:
             return
-        result = _run_cell(ns, item.code, item.filename, item.exec_id)
+        if isinstance(item, Debug):
+            result = _post_mortem(item.exec_id)
+        else:
+            sys.last_value = None
+            result = _run_cell(ns, item.code, item.filename, item.exec_id)
+            if result.status == "error" and sys.last_value is not None:
+                _debugger.remember(sys.last_value, sys.last_traceback)
         _flush_all()
         _channel.send(result)
+
+
+def _post_mortem(exec_id: int) -> Result:
+    """``%dist_debug``: a pdb session on this rank's last failure, run like a cell."""
+    try:
+        _debugger.post_mortem()
+    except Exception as exc:  # noqa: BLE001 - reported to the notebook
+        return Result(_rank, exec_id, "error", None, type(exc).__name__, _safe_str(exc),
+                      f"{type(exc).__name__}: {_safe_str(exc)}\n")
+    return Result(_rank, exec_id, "ok")
 
 
 def _read_commands(cells: queue.Queue) -> None:
@@ -240,9 +273,12 @@ def _read_commands(cells: queue.Queue) -> None:
             continue
         except (EOFError, OSError):
             os._exit(1)  # the notebook is gone: nothing to serve
-        if isinstance(msg, Exec):
+        if isinstance(msg, (Exec, Debug)):
             cells.put(msg)
+        elif isinstance(msg, DebugInput):
+            _debugger.answer(msg.session, msg.line)
         elif isinstance(msg, Interrupt):
+            _debugger.end_all()
             signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
             _drop_queued_output()
         elif isinstance(msg, Flush):  # everything printed or logged so far goes before the ack
@@ -289,6 +325,7 @@ def _run_cell(ns: dict, code: str, filename: str, exec_id: int) -> Result:
         tb = exc.__traceback__
         if tb is not None and tb.tb_frame.f_code is _run_cell.__code__:
             tb = tb.tb_next
+        sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, tb
         text = "".join(traceback.format_exception(type(exc), exc, tb))
         return Result(_rank, exec_id, "error", None, type(exc).__name__, _safe_str(exc), text)
 

@@ -1,0 +1,140 @@
+"""Issue 12: debug a rank from the notebook — post-mortem and breakpoint() on workers.
+
+A real kernel through jupyter_client with stdin enabled: each ``input_request`` the kernel
+sends (pdb's prompt in the notebook's input box) is answered with the next scripted line.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+
+import pytest
+from kernel_helpers import Kernel
+
+pytestmark = pytest.mark.kernel
+
+START = "%load_ext nbdist\n%dist_start 2\nimport nbdist, torch.distributed.rpc as rpc"
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    k = Kernel()
+    rep = k.execute(START, timeout=180)
+    assert rep.status == "ok", rep
+    yield k
+    k.execute("%dist_stop", timeout=60)
+    k.close()
+
+
+def _run(k: Kernel, code: str, answers: list[str], timeout: float = 60,
+         on_prompt=None) -> tuple[str, list[str], str]:
+    """Run ``code`` answering prompts from ``answers``; (stdout, prompts seen, status)."""
+    msg_id = k.kc.execute(code, allow_stdin=True)
+    lines = list(answers)
+    prompts: list[str] = []
+    out = ""
+    idle = False
+    deadline = time.monotonic() + timeout
+    while not idle:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"cell still running after {timeout}s; prompts {prompts}; "
+                               f"output so far:\n{out}")
+        try:
+            req = k.kc.get_stdin_msg(timeout=0.05)
+        except queue.Empty:
+            req = None
+        if req is not None and req["msg_type"] == "input_request":
+            prompts.append(req["content"]["prompt"])
+            if on_prompt is not None and on_prompt(len(prompts)):
+                continue  # the callback acted instead of answering (e.g. interrupted)
+            k.kc.input(lines.pop(0) if lines else "c")
+        while True:
+            try:
+                msg = k.kc.get_iopub_msg(timeout=0.01)
+            except queue.Empty:
+                break
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            if msg["msg_type"] == "stream":
+                out += msg["content"]["text"]
+            elif msg["msg_type"] == "error":
+                out += "\n".join(msg["content"]["traceback"])
+            elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+                idle = True
+    reply = k.kc.get_shell_msg(timeout=10)
+    while reply["parent_header"].get("msg_id") != msg_id:
+        reply = k.kc.get_shell_msg(timeout=10)
+    return out, prompts, reply["content"]["status"]
+
+
+def test_post_mortem_inspects_the_failing_frame_and_its_caller(kernel):
+    out, _, status = _run(kernel, "%%dist --ranks 2\n"
+                                  "def scale(x):\n    y = x * 2\n    raise ValueError(y)\n"
+                                  "outer = 'caller frame'\nscale(21)", [])
+    assert status == "error" and "ValueError: 42" in out
+    out, prompts, status = _run(kernel, "%dist_debug", ["p y", "p x", "up", "p outer", "q"])
+    assert status == "ok", out
+    assert prompts[0] == "(Pdb worker2) ", prompts
+    assert "[worker2] ValueError: 42" in out  # the session says what it debugs
+    assert "[worker2] 42\n" in out and "[worker2] 21\n" in out  # y and x in the failing frame
+    assert "[worker2] 'caller frame'" in out  # `up` reached the cell's own frame
+    assert len(prompts) == 5
+
+
+def test_breakpoint_in_a_function_called_by_rpc_sync(kernel):
+    _run(kernel, "def work(a):\n    b = a + 1\n    breakpoint()\n    return b * 10", [])
+    out, prompts, status = _run(kernel, "print('got', rpc.rpc_sync('worker1', work, args=(4,)))",
+                                ["p a, b", "c"])
+    assert status == "ok", out
+    assert prompts == ["(Pdb worker1) ", "(Pdb worker1) "]
+    assert "[worker1] breakpoint at" in out and "[worker1] (4, 5)" in out
+    assert out.rstrip().endswith("got 50")
+
+
+def test_two_ranks_hitting_breakpoints_are_served_one_after_the_other(kernel):
+    out, prompts, status = _run(kernel, "%%dist\nimport os\nr = int(os.environ['NBDIST_RANK'])"
+                                        "\nbreakpoint()\nr * 100",
+                                ["p r", "c", "p r", "c"])
+    assert status == "ok", out
+    assert sorted(prompts) == ["(Pdb worker1) "] * 2 + ["(Pdb worker2) "] * 2
+    assert prompts[0] == prompts[1] and prompts[2] == prompts[3]  # one session, then the other
+    assert "[worker1] 1\n" in out and "[worker2] 2\n" in out
+    assert "[worker1] 100" in out and "[worker2] 200" in out
+
+
+def test_q_raises_in_that_worker_only(kernel):
+    out, _, status = _run(kernel, "%%dist\nimport os\n"
+                                  "if os.environ['NBDIST_RANK'] == '1':\n    breakpoint()\n'done'",
+                          ["q"])
+    assert status == "error" and "BdbQuit" in out
+    assert "[worker2] 'done'" in out
+
+
+def test_interrupt_at_a_prompt_ends_the_session_and_frees_the_worker(kernel):
+    def interrupt(n: int) -> bool:
+        kernel.km.interrupt_kernel()
+        return True
+
+    out, prompts, status = _run(kernel, "%%dist --ranks 1\nimport time\nbreakpoint()\n"
+                                        "time.sleep(0.1)\n'after'", [], on_prompt=interrupt,
+                                timeout=60)
+    assert status == "error" and prompts, out
+    out, _, status = _run(kernel, "%%dist\n'free'", [])
+    assert status == "ok" and "[worker1] 'free'" in out and "[worker2] 'free'" in out
+
+
+def test_breakpoint_outside_any_cell_is_skipped_and_logged(kernel):
+    _run(kernel, "%%dist --ranks 2\nimport threading\n"
+                 "def later():\n    import time; time.sleep(0.5)\n    breakpoint()\n"
+                 "    print('went on')\nthreading.Thread(target=later).start()", [])
+    out, _, status = _run(kernel, "import time\ntime.sleep(6)\n"
+                                  "print('\\n'.join(nbdist.current().logs(2, tail=5)))", [])
+    assert status == "ok"
+    assert "skipped: no notebook cell is waiting" in out and "went on" in out
+
+
+def test_pythonbreakpoint_0_disables_breakpoints(world):
+    c = world(1)
+    c.run("import os\nos.environ['PYTHONBREAKPOINT'] = '0'", show=False)
+    assert c.run("breakpoint()\n'ran through'", show=False, timeout=30) == {1: "'ran through'"}
