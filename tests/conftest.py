@@ -296,13 +296,18 @@ def _world_dirs() -> set[str]:
 def warm_process():
     """Start and stop one world and make the IPython shell before the first test, so the
     handles a process opens once (torch's TensorPipe shared-memory pool and event fds, the
-    stderr filter, the warm template's channel, IPython's history database) are not counted
-    as the first test's leak. Costs one world start (~3 s) per session."""
+    stderr filter, the warm template's channel, IPython's history database, zmq's shared
+    context, jupyter_client's event loop) are not counted as the first test's leak.
+    Costs one world start (~3 s)."""
+    import zmq
     from IPython.testing.globalipapp import get_ipython
+    from jupyter_core.utils import ensure_event_loop
 
     import nbdist
 
     get_ipython()
+    zmq.Context.instance()  # kernel clients share it; it lives as long as the process
+    ensure_event_loop()  # jupyter_client's sync calls run on this thread's kept event loop
     nbdist.start(1, quiet=True).stop()
     yield
 

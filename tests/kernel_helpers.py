@@ -82,8 +82,12 @@ class Kernel:
         return ast.literal_eval(rep.stdout.strip().splitlines()[-1])
 
     def close(self) -> None:
+        """Stop the channels and the kernel; free the manager's ports, files and zmq context
+        even when the kernel is already gone (killed, shut down by the test)."""
         try:
             self.kc.stop_channels()
         finally:
             if self.km.is_alive():
                 self.km.shutdown_kernel(now=True)
+            else:
+                self.km.cleanup_resources()
