@@ -217,6 +217,8 @@ class DistMagics(Magics):
     @argument("--local", action="store_true", help="also run the cell here, as rank 0, at the "
               "same time (for SPMD code such as DDP and collectives)")
     @argument("--timeout", type=float, default=None, help="interrupt the cell after S seconds")
+    @argument("--grid", action="store_true", help="lay each rank's rich outputs (plots, "
+              "displays) side by side at the end of the cell, one column per rank")
     @no_var_expand
     @cell_magic
     def dist(self, line: str, cell: str) -> None:
@@ -232,11 +234,12 @@ class DistMagics(Magics):
         except ValueError as exc:
             raise UsageError(f"%%dist: {exc}") from None
         if not args.local:
-            c.run(cell, ranks=targets, timeout=args.timeout)
+            c.run(cell, ranks=targets, timeout=args.timeout, grid=args.grid)
             return
         from .cluster.spmd import run_with_local
 
-        run_with_local(c, self.shell, cell, targets, args.timeout)
+        with c.rich_cell(targets, grid=args.grid):
+            run_with_local(c, self.shell, cell, targets, args.timeout)
 
 
 def _last_spec() -> Any:

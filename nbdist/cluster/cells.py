@@ -12,6 +12,7 @@ from ..proc.channel import Channel
 from ..proc.protocol import Exec, Flush, Interrupt, Message, Result
 from .debug import DebugDesk
 from .ranks import RankInfo
+from .rich import RichOutput
 from .router import StatusLine
 from .session import SESSION
 
@@ -28,6 +29,7 @@ class Cells:
                  require_running: Callable[[str], None]) -> None:
         self.ranks, self.cv, self._require = ranks, cv, require_running
         self.desk = DebugDesk(ranks, self._send)
+        self.rich = RichOutput(ranks)  # workers' displays, figures, rich values
         self.last_failed: int | None = None  # the rank whose error was shown last
         self._results: dict[int, dict[int, Result]] = {}
         self._finished: dict[int, dict[int, float]] = {}  # exec id -> rank -> when (monotonic)
@@ -154,7 +156,8 @@ class Cells:
                                             f"{info.label()} {reason} while running the cell\n"))
             elif res.status == "ok":
                 values[r] = res.value
-                if show and res.value is not None:
+                if show and res.value is not None and \
+                        not self.rich.took_result(res.exec_id, r):
                     body = res.value.replace("\n", f"\n[{info.name}] ")
                     print(f"[{info.name}] {body}")
             else:

@@ -14,6 +14,7 @@ import signal
 import tempfile
 import threading
 import time
+from contextlib import AbstractContextManager
 from typing import Any
 
 from ..errors import ClusterStateError, DistTimeoutError, StartError, WorkerDiedError
@@ -193,18 +194,28 @@ class Cluster:
 
     # ------------------------------------------------------------------ cells
     def run(self, code: str, ranks: Any = None, timeout: float | None = None,
-            show: bool = True) -> dict[int, str | None]:
+            show: bool = True, grid: bool = False) -> dict[int, str | None]:
         """Run ``code`` on worker ranks; returns rank -> repr of the last expression.
 
         Output streams into the current cell as it is printed; the last expression of each
-        rank is printed as ``[name] value`` when ``show``. Raises ``DistCellError`` naming
-        every rank that failed, after the others' output was shown.
+        rank is printed as ``[name] value`` when ``show`` (a value with a rich repr shows as
+        that). Displays and figures arrive as rich outputs labelled with the rank; ``grid``
+        shows them at the end as one table, a column per rank. Raises ``DistCellError``
+        naming every rank that failed, after the others' output was shown.
         """
         targets = parse_ranks(ranks, self.names)
         if not self.router.jupyter:  # in a notebook, each cell starts the limits over
             self.router.new_cell()
-        exec_id = self.send_cell(code, targets)
-        return self.report(self.collect(exec_id, targets, timeout), targets, show)
+        with self.rich_cell(targets, grid=grid, results=show):
+            exec_id = self.send_cell(code, targets)
+            results = self.collect(exec_id, targets, timeout)
+        return self.report(results, targets, show)
+
+    def rich_cell(self, targets: list[int], grid: bool = False,
+                  results: bool = True) -> AbstractContextManager[None]:
+        """Around a cell on ``targets``: ``grid`` lays their rich outputs side by side at
+        the end; ``results=False`` leaves rich last values unshown."""
+        return self.cells.rich.cell(targets, grid=grid, results=results)
 
     def send_cell(self, code: str, targets: list[int]) -> int:
         """Hand a cell to the targets without waiting; returns the id ``collect`` takes."""

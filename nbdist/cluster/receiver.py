@@ -14,8 +14,10 @@ import time
 from typing import TYPE_CHECKING
 
 from ..proc.protocol import (
+    ClearOutput,
     DebugEnd,
     DebugPrompt,
+    DisplayData,
     Failed,
     Flushed,
     FramingError,
@@ -182,6 +184,9 @@ class Receiver:
             with self.cv:
                 info.ready = True
                 self.cv.notify_all()
+        elif isinstance(msg, (DisplayData, ClearOutput)):
+            self.router.flush(info.rank)  # what it printed before shows before
+            self.cells.rich.show(info.rank, info.name, msg)
         elif isinstance(msg, (DebugPrompt, DebugEnd)):
             self.cells.desk.arrived(msg)
         elif isinstance(msg, Failed):

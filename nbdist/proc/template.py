@@ -33,10 +33,11 @@ def _preload() -> None:
 
     from ..patches import rpc_hooks, rref_reset, shipping  # noqa: F401
     from ..telemetry import records, tracing  # noqa: F401
-    from . import worker  # noqa: F401
+    from . import shell, worker  # noqa: F401
 
     rpc_hooks.quiet_warnings()  # children inherit the import hook
     rref_reset.available()  # parses libtorch's symbol table once; children inherit the result
+    shell.preload()  # each worker's IPython shell, made once (~30 ms) before any fork
 
     warnings.resetwarnings()
 

@@ -8,21 +8,18 @@ interrupts and stop requests at once, even while a cell runs.
 
 from __future__ import annotations
 
-import ast
-import builtins
 import ctypes
-import linecache
 import os
 import queue
 import signal
 import sys
 import threading
 import traceback
-import types
 from datetime import timedelta
 from typing import Any
 
 from ..patches import rpc_hooks, shipping
+from . import shell
 from .channel import Channel, ChannelBlocked, connect
 from .debugger import Debugger
 from .output import ChannelStream, capture_fds
@@ -84,13 +81,13 @@ def run_forked(cfg: dict) -> None:
         os.environ.update(cfg["env"])
         sys.path[:] = cfg["path"]
         sys.argv = [f"nbdist-worker-{cfg['name']}"]
-        main = types.ModuleType("__main__")
-        main.__dict__["__builtins__"] = builtins
+        main = shell.main_module()  # the IPython shell's namespace (made in the template)
         sys.modules["__main__"] = main
         _channel = connect(cfg["socket"], cfg["authkey"], timeout=cfg["start_timeout"])
         _channel.send(Hello(_rank, os.getpid()))
         _setup_output(cfg)
         _setup_debugger(cfg)
+        shell.bind(_channel.send, _rank, cfg["name"])
         if os.environ.get("NBDIST_TEST_STALL_RANK") == str(_rank):  # for the fault tests
             import time
 
@@ -303,31 +300,18 @@ def _drop_queued_output() -> None:
 
 
 def _run_cell(ns: dict, code: str, filename: str, exec_id: int) -> Result:
-    """Run a cell IPython-style: statements, then show the last expression's repr."""
+    """Run a cell through the worker's IPython shell (magics, ``!``, rich displays); the
+    ``Result`` has the last expression's repr or the error and the cell's traceback."""
     global _executing
-    linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
     try:
         _executing = True
         try:
-            tree = ast.parse(code, filename, "exec")
-            last = None
-            if tree.body and isinstance(tree.body[-1], ast.Expr):
-                last = ast.Expression(tree.body.pop().value)
-            exec(compile(tree, filename, "exec"), ns)
-            value = eval(compile(last, filename, "eval"), ns) if last is not None else None
+            return shell.run_cell(code, filename, exec_id)
         finally:
             _executing = False
-        if value is None:
-            return Result(_rank, exec_id, "ok")
-        ns["_"] = value
-        return Result(_rank, exec_id, "ok", _safe_repr(value))
-    except BaseException as exc:  # noqa: BLE001 - every failure is reported to the notebook
-        tb = exc.__traceback__
-        if tb is not None and tb.tb_frame.f_code is _run_cell.__code__:
-            tb = tb.tb_next
-        sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, tb
-        text = "".join(traceback.format_exception(type(exc), exc, tb))
-        return Result(_rank, exec_id, "error", None, type(exc).__name__, _safe_str(exc), text)
+    except BaseException as exc:  # noqa: BLE001 - Ctrl-C just after the shell returned
+        return Result(_rank, exec_id, "error", None, type(exc).__name__, _safe_str(exc),
+                      f"{type(exc).__name__}: {_safe_str(exc)}\n")
 
 
 def _safe_repr(value: object) -> str:

@@ -1,0 +1,282 @@
+"""Workers' rich outputs in the notebook: mime bundles led by a ``[name]`` label, per rank.
+
+The receiver hands every ``DisplayData`` and ``ClearOutput`` to ``RichOutput.show``. In a
+Jupyter kernel each bundle is published as it is, with ``{"nbdist": {"rank", "name"}}`` in
+its metadata, after a small label output naming the rank. Every output shown gets a display
+id, so a rank's ``clear_output`` blanks that rank's outputs of the running cell only, and
+its next displays reuse those places (an animation stays in place); a worker's own display
+ids map to notebook display ids per rank, so ``handle.update(...)`` on a worker updates its
+output here. Outside Jupyter a bundle is written as ``[name] <text/plain>``.
+
+``%%dist --grid`` gathers the target ranks' bundles of one cell and shows them at its end as
+one HTML table, a column per rank (``render_grid``, a pure function).
+"""
+
+from __future__ import annotations
+
+import html
+import itertools
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from ..proc.protocol import ClearOutput, DisplayData
+from .ranks import RankInfo
+from .router import Router
+
+__all__ = ["RichOutput", "render_grid"]
+
+_BLANK = {"text/plain": ""}
+_IMAGES = ("image/png", "image/jpeg", "image/gif")
+
+
+def _in_jupyter() -> bool:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    ip = get_ipython()
+    return ip is not None and type(ip).__name__ == "ZMQInteractiveShell"
+
+
+def _cell_key() -> Any:
+    """Which notebook cell runs now (its execution count), so a clear stays in its cell."""
+    from IPython import get_ipython
+
+    ip = get_ipython()
+    return getattr(ip, "execution_count", None)
+
+
+class _Slot:
+    """One place in the notebook showing a rank's output: a label and the bundle."""
+
+    __slots__ = ("label", "data", "blank")
+
+    def __init__(self, label: str, data: str) -> None:
+        self.label, self.data, self.blank = label, data, False
+
+
+class _RankView:
+    """What one rank has shown in the running cell."""
+
+    def __init__(self) -> None:
+        self.cell: Any = None
+        self.shown: list[_Slot] = []
+        self.free: list[_Slot] = []  # blanked by a clear; the next displays reuse them
+        self.clear_wait = False
+        self.ids: dict[str, str] = {}  # the worker's display id -> the notebook's
+
+
+class RichOutput:
+    """Shows every rank's rich outputs; one per world; thread-safe."""
+
+    def __init__(self, ranks: dict[int, RankInfo]) -> None:
+        self.ranks = ranks
+        self.jupyter = _in_jupyter()
+        self._lock = threading.RLock()
+        self._views: dict[int, _RankView] = {}
+        self._ids = itertools.count(1)
+        self._prefix = f"nbdist-{os.getpid()}-{id(self):x}"
+        self._grid: dict[int, list[tuple[dict, str | None]]] | None = None
+        self._grid_clear: set[int] = set()
+        self._hide_results: set[int] = set()
+        self._results: set[tuple[int, int]] = set()  # (exec id, rank) shown as a bundle
+
+    # -- a %%dist cell ------------------------------------------------------------------------
+    @contextmanager
+    def cell(self, targets: list[int], grid: bool = False, results: bool = True) -> Iterator[None]:
+        """Around one cell on ``targets``: ``grid`` gathers their bundles into one table shown
+        at the end; ``results=False`` drops rich last values (``run(show=False)``)."""
+        with self._lock:
+            if grid:
+                self._grid = {r: [] for r in targets}
+                self._grid_clear = set()
+            if not results:
+                self._hide_results = set(targets)
+        try:
+            yield
+        finally:
+            with self._lock:
+                columns, self._grid = self._grid, None
+                self._hide_results = set()
+            if columns is not None and any(columns.values()):
+                self._show_grid(columns)
+
+    def took_result(self, exec_id: int, rank: int) -> bool:
+        """Whether ``rank``'s last value of cell ``exec_id`` was shown as a rich bundle
+        (then its text line is not printed again); asking forgets it."""
+        with self._lock:
+            key = (exec_id, rank)
+            if key in self._results:
+                self._results.discard(key)
+                return True
+            return False
+
+    # -- from the receiver --------------------------------------------------------------------
+    def show(self, rank: int, name: str, msg: DisplayData | ClearOutput) -> None:
+        """One rich output or clear from ``rank``, in the running cell."""
+        with self._lock:
+            if isinstance(msg, DisplayData) and msg.result_of and rank in self._hide_results:
+                return
+            if self._grid is not None and rank in self._grid:
+                self._to_grid(rank, msg)
+                return
+            if isinstance(msg, ClearOutput):
+                self._clear(rank, msg.wait)
+                return
+            if not self.jupyter:
+                self._write_text(name, msg)
+                return
+            if msg.result_of:
+                self._results.add((msg.result_of, rank))
+            if msg.update:
+                self._update(rank, name, msg)
+            else:
+                self._display(rank, name, msg)
+
+    def _view(self, rank: int) -> _RankView:
+        view = self._views.setdefault(rank, _RankView())
+        cell = _cell_key()
+        if view.cell != cell:  # a new notebook cell: earlier outputs are not this cell's
+            view.cell, view.shown, view.free, view.clear_wait = cell, [], [], False
+        return view
+
+    def _meta(self, rank: int, name: str, metadata: dict) -> dict:
+        return {**metadata, "nbdist": {"rank": rank, "name": name}}
+
+    def _label(self, rank: int, name: str) -> tuple[dict, dict]:
+        data = {"text/plain": f"[{name}]",
+                "text/html": f'<div style="font-size:smaller;opacity:0.7">'
+                             f'[{html.escape(name)}]</div>'}
+        return data, {"nbdist": {"rank": rank, "name": name, "label": True}}
+
+    def _display(self, rank: int, name: str, msg: DisplayData) -> None:
+        from IPython.display import publish_display_data
+
+        view = self._view(rank)
+        if view.clear_wait:  # clear_output(wait=True): this output takes the first place
+            view.free = view.shown + view.free
+            view.shown, view.clear_wait = [], False
+        nb_id = view.ids.get(msg.display_id) if msg.display_id else None
+        meta = self._meta(rank, name, msg.metadata)
+        if view.free:
+            slot = view.free.pop(0)
+            if msg.display_id:
+                view.ids[msg.display_id] = slot.data  # updates go to the reused place
+            if slot.blank:
+                label, label_md = self._label(rank, name)
+                publish_display_data(label, label_md, transient={"display_id": slot.label},
+                                     update=True)
+            publish_display_data(msg.data, meta, transient={"display_id": slot.data},
+                                 update=True)
+            slot.blank = False
+            for other in view.free:  # the rest of what the clear covered goes blank now
+                self._blank(other)
+        else:
+            label_id = f"{self._prefix}-{next(self._ids)}"
+            if nb_id is None:
+                nb_id = f"{self._prefix}-{next(self._ids)}"
+                if msg.display_id:
+                    view.ids[msg.display_id] = nb_id
+            label, label_md = self._label(rank, name)
+            publish_display_data(label, label_md, transient={"display_id": label_id})
+            publish_display_data(msg.data, meta, transient={"display_id": nb_id})
+            slot = _Slot(label_id, nb_id)
+        view.shown.append(slot)
+
+    def _update(self, rank: int, name: str, msg: DisplayData) -> None:
+        from IPython.display import publish_display_data
+
+        view = self._views.setdefault(rank, _RankView())
+        nb_id = view.ids.get(msg.display_id or "")
+        if nb_id is not None:
+            publish_display_data(msg.data, self._meta(rank, name, msg.metadata),
+                                 transient={"display_id": nb_id}, update=True)
+
+    def _clear(self, rank: int, wait: bool) -> None:
+        if not self.jupyter:
+            return
+        view = self._view(rank)
+        if wait:
+            view.clear_wait = True
+            return
+        for slot in view.shown:
+            self._blank(slot)
+        view.free, view.shown, view.clear_wait = view.shown + view.free, [], False
+
+    def _blank(self, slot: _Slot) -> None:
+        from IPython.display import publish_display_data
+
+        if not slot.blank:
+            publish_display_data(_BLANK, {}, transient={"display_id": slot.label}, update=True)
+            publish_display_data(_BLANK, {}, transient={"display_id": slot.data}, update=True)
+            slot.blank = True
+
+    def _write_text(self, name: str, msg: DisplayData) -> None:
+        if msg.update:
+            return
+        text = str(msg.data.get("text/plain", f"<a display of {', '.join(msg.data)}>"))
+        Router.write("stdout", "".join(f"[{name}] {line}\n" for line in text.split("\n")))
+
+    # -- --grid -------------------------------------------------------------------------------
+    def _to_grid(self, rank: int, msg: DisplayData | ClearOutput) -> None:
+        assert self._grid is not None
+        items = self._grid[rank]
+        if isinstance(msg, ClearOutput):
+            if msg.wait:
+                self._grid_clear.add(rank)
+            else:
+                items.clear()
+            return
+        if rank in self._grid_clear:
+            self._grid_clear.discard(rank)
+            items.clear()
+        if msg.update:
+            for i, (_, did) in enumerate(items):
+                if did == msg.display_id:
+                    items[i] = (msg.data, did)
+            return
+        items.append((msg.data, msg.display_id))
+
+    def _show_grid(self, columns: dict[int, list[tuple[dict, str | None]]]) -> None:
+        named = [(self.ranks[r].name if r in self.ranks else f"rank {r}",
+                  [data for data, _ in items]) for r, items in columns.items()]
+        if not self.jupyter:
+            for name, bundles in named:
+                for data in bundles:
+                    self._write_text(name, DisplayData(0, data, {}))
+            return
+        from IPython.display import publish_display_data
+
+        text = "\n".join(f"[{name}] {len(b)} output{'s' if len(b) != 1 else ''}"
+                         for name, b in named)
+        publish_display_data({"text/html": render_grid(named), "text/plain": text},
+                             {"nbdist": {"grid": True, "ranks": list(columns),
+                                         "names": [n for n, _ in named]}})
+
+
+def render_grid(columns: list[tuple[str, list[dict]]]) -> str:
+    """An HTML table, one column per ``(name, bundles)``, each bundle in its richest form
+    HTML can hold: HTML, images (inline data URLs), SVG, or escaped text."""
+    head = "".join(f'<th style="text-align:center">[{html.escape(name)}]</th>'
+                   for name, _ in columns)
+    cells = "".join('<td style="vertical-align:top;text-align:left">'
+                    + "".join(_bundle_html(b) for b in bundles) + "</td>"
+                    for _, bundles in columns)
+    return (f'<table class="nbdist-grid"><thead><tr>{head}</tr></thead>'
+            f"<tbody><tr>{cells}</tr></tbody></table>")
+
+
+def _bundle_html(data: dict) -> str:
+    if "text/html" in data:
+        return f"<div>{data['text/html']}</div>"
+    for mime in _IMAGES:
+        if mime in data:
+            return (f'<div><img src="data:{mime};base64,{data[mime]}" '
+                    'style="max-width:100%"/></div>')
+    if "image/svg+xml" in data:
+        return f"<div>{data['image/svg+xml']}</div>"
+    text = data.get("text/markdown") or data.get("text/plain", "")
+    return f"<pre>{html.escape(str(text))}</pre>"

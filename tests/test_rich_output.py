@@ -1,0 +1,235 @@
+"""Issue 13: workers speak IPython (magics, ``!``, ``?``, display hook) and their rich
+outputs (display(), IPython.display objects, ``_repr_html_`` values, matplotlib figures)
+arrive in the calling cell as real mime bundles labelled with the rank.
+
+Kernel tests drive a real Jupyter kernel and read every iopub message of a cell, updates
+included; the others run in this process's IPython, where bundles show as text.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+
+import pytest
+
+from nbdist.cluster.rich import render_grid
+from nbdist.errors import DistCellError
+
+START = "%load_ext nbdist\n%dist_start 2"
+RANK = "import os\nr = int(os.environ['NBDIST_RANK'])\n"
+PLOT = RANK + "import matplotlib.pyplot as plt\nplt.plot([0, r])\nplt.title(f'rank {r}')\n"
+
+
+# -- helpers ----------------------------------------------------------------------------------
+def _cell(k, code: str, timeout: float = 120) -> tuple[str, list[dict]]:
+    """Run ``code`` in kernel ``k``: (reply status, every iopub message of the cell)."""
+    msg_id = k.send(code)
+    deadline = time.monotonic() + timeout
+    msgs = []
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"the kernel did not finish {code!r} in {timeout}s")
+        try:
+            msg = k.kc.get_iopub_msg(timeout=min(left, 1.0))
+        except queue.Empty:
+            continue
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            break
+        msgs.append(msg)
+    while True:
+        reply = k.kc.get_shell_msg(timeout=max(deadline - time.monotonic(), 1))
+        if reply["parent_header"].get("msg_id") == msg_id:
+            return reply["content"]["status"], msgs
+
+
+def _displays(msgs: list[dict], kind: str = "display_data") -> list[dict]:
+    return [m["content"] for m in msgs if m["msg_type"] == kind]
+
+
+def _stdout(msgs: list[dict]) -> str:
+    return "".join(m["content"]["text"] for m in msgs
+                   if m["msg_type"] == "stream" and m["content"]["name"] == "stdout")
+
+
+def _bundles(msgs: list[dict], mime: str) -> list[dict]:
+    """The displays (not labels) carrying ``mime``, in arrival order."""
+    return [d for d in _displays(msgs) if mime in d["data"]
+            and not d["metadata"].get("nbdist", {}).get("label")]
+
+
+def _started(kernels):
+    k = kernels()
+    status, msgs = _cell(k, START)
+    assert status == "ok", msgs
+    return k
+
+
+# -- in a real kernel -------------------------------------------------------------------------
+@pytest.mark.kernel
+def test_plots_from_two_ranks_arrive_as_labelled_pngs_and_side_by_side(kernels):
+    k = _started(kernels)
+    status, msgs = _cell(k, "%%dist\n" + PLOT + "plt.show()")
+    assert status == "ok", msgs
+    pngs = _bundles(msgs, "image/png")
+    assert len(pngs) == 2, [d["data"].keys() for d in _displays(msgs)]
+    assert sorted(d["metadata"]["nbdist"]["rank"] for d in pngs) == [1, 2]
+    assert sorted(d["metadata"]["nbdist"]["name"] for d in pngs) == ["worker1", "worker2"]
+    shown = _displays(msgs)
+    for png in pngs:  # each picture comes right after its rank's label
+        label = shown[shown.index(png) - 1]
+        assert label["data"]["text/plain"] == f"[{png['metadata']['nbdist']['name']}]"
+        assert label["metadata"]["nbdist"]["label"] is True
+
+    # a figure left open at the end of the cell shows too, as in a notebook
+    status, msgs = _cell(k, "%%dist --ranks 2\n" + PLOT)
+    assert status == "ok", msgs
+    assert [d["metadata"]["nbdist"]["name"] for d in _bundles(msgs, "image/png")] == ["worker2"]
+
+    # --grid: one table, a column per rank, both pictures inside
+    status, msgs = _cell(k, "%%dist --grid\n" + PLOT + "plt.show()")
+    assert status == "ok", msgs
+    grids = _bundles(msgs, "text/html")
+    assert len(grids) == 1, _displays(msgs)
+    page = grids[0]["data"]["text/html"]
+    assert page.count('src="data:image/png;base64,') == 2
+    assert page.index("[worker1]") < page.index("[worker2]")
+    assert grids[0]["metadata"]["nbdist"]["ranks"] == [1, 2]
+    assert not _bundles(msgs, "image/png")  # only inside the grid
+
+
+@pytest.mark.kernel
+def test_html_displays_rich_values_updates_clears_and_widgets(kernels):
+    k = _started(kernels)
+    status, msgs = _cell(k, "%%dist\nfrom IPython.display import HTML, display\n"
+                            "display(HTML('<b>hi</b>'))\n'after'")
+    assert status == "ok", msgs
+    assert [d["data"]["text/html"] for d in _bundles(msgs, "text/html")] == ["<b>hi</b>"] * 2
+    assert "[worker1] 'after'" in _stdout(msgs)
+
+    # a last expression with _repr_html_ shows as HTML (not again as a text line)
+    status, msgs = _cell(k, "%%dist --ranks 1\nclass T:\n    def _repr_html_(self):\n"
+                            "        return '<i>table</i>'\n    def __repr__(self):\n"
+                            "        return 'T()'\nT()")
+    assert status == "ok", msgs
+    html = _bundles(msgs, "text/html")
+    assert [d["data"]["text/html"] for d in html] == ["<i>table</i>"]
+    assert html[0]["metadata"]["nbdist"] == {"rank": 1, "name": "worker1"}
+    assert "T()" not in _stdout(msgs)
+
+    # inside an RPC the notebook made: the display shows in the running cell
+    status, msgs = _cell(k, "import torch.distributed.rpc as rpc\n"
+                            "def show(x):\n    from IPython.display import HTML, display\n"
+                            "    display(HTML(f'<u>{x}</u>'))\n    return x\n"
+                            "rpc.rpc_sync('worker2', show, args=(7,))")
+    assert status == "ok", msgs
+    assert [(d["data"]["text/html"], d["metadata"]["nbdist"]["rank"])
+            for d in _bundles(msgs, "text/html")] == [("<u>7</u>", 2)]
+
+    # display ids: an update from the worker updates its output here
+    status, msgs = _cell(k, "%%dist --ranks 1\nh = display(HTML('one'), display_id=True)")
+    first = _bundles(msgs, "text/html")
+    assert status == "ok" and len(first) == 1, msgs
+    status, msgs = _cell(k, "%%dist --ranks 1\nh.update(HTML('two'))")
+    updates = _displays(msgs, "update_display_data")
+    assert status == "ok" and len(updates) == 1, msgs
+    assert updates[0]["data"]["text/html"] == "two"
+    assert updates[0]["transient"]["display_id"] == first[0]["transient"]["display_id"]
+
+    # clear_output(wait=True) in a loop: one place per rank, updated, not a growing list
+    status, msgs = _cell(k, "%%dist\nfrom IPython.display import clear_output\n"
+                            "for i in range(3):\n    clear_output(wait=True)\n"
+                            "    display(HTML(f'frame {i}'))")
+    assert status == "ok", msgs
+    assert len(_bundles(msgs, "text/html")) == 2  # one new output per rank
+    finals = {u["transient"]["display_id"]: u["data"]["text/html"]
+              for u in _displays(msgs, "update_display_data") if "text/html" in u["data"]}
+    assert sorted(finals.values()) == ["frame 2", "frame 2"]
+
+    # widgets live in the notebook: a worker's shows its text and says so
+    status, msgs = _cell(k, "%%dist --ranks 2\nimport ipywidgets\nipywidgets.IntSlider(3)")
+    assert status == "ok", msgs
+    texts = [d["data"]["text/plain"] for d in _displays(msgs)
+             if "IntSlider" in d["data"].get("text/plain", "")]
+    assert texts and "widgets live in the notebook" in texts[0], msgs
+    assert not any("application/vnd.jupyter.widget-view+json" in d["data"]
+                   for d in _displays(msgs))
+
+
+@pytest.mark.kernel
+def test_magics_and_shell_escapes_in_a_kernel(kernels):
+    k = _started(kernels)
+    status, msgs = _cell(k, "%%dist\n%timeit -n 5 -r 1 sum(range(10))")
+    assert status == "ok", msgs
+    out = _stdout(msgs)
+    assert "[worker1]" in out and "[worker2]" in out and "per loop" in out, out
+    status, msgs = _cell(k, "%%dist\nx = !echo hi from $NBDIST_RANK\nx")
+    assert status == "ok", msgs
+    assert "[worker1] ['hi from 1']" in _stdout(msgs), _stdout(msgs)
+    assert "[worker2] ['hi from 2']" in _stdout(msgs), _stdout(msgs)
+
+    # an exception inside a magic: the usual remote traceback, from the cell's line on
+    status, msgs = _cell(k, "%%dist --ranks 1\n%timeit -n1 -r1 1/0")
+    assert status == "error"
+    err = next(m["content"] for m in msgs if m["msg_type"] == "error")
+    text = "\n".join(err["traceback"])
+    assert "ZeroDivisionError" in text and "rank 1 (worker1)" in text, text
+    assert "run_line_magic('timeit', '-n1 -r1 1/0')" in text, text
+    assert "<magic-timeit>" in text, text
+
+
+# -- in this process (bundles as text) --------------------------------------------------------
+def test_magics_help_and_shell_escapes(ipython, capsys):
+    ipython.run_line_magic("dist_start", "2")
+    capsys.readouterr()
+    ipython.run_cell_magic("dist", "", "%timeit -n 3 -r 1 sum(range(5))")
+    assert "per loop" in capsys.readouterr().out
+    ipython.run_cell_magic("dist", "--ranks 1", "!echo plain shell")
+    assert "[worker1] plain shell" in capsys.readouterr().out
+    ipython.run_cell_magic("dist", "", "files = !echo a; echo b\nfiles")
+    out = capsys.readouterr().out
+    assert "[worker1] ['a', 'b']" in out and "[worker2] ['a', 'b']" in out
+    ipython.run_cell_magic("dist", "--ranks 2", "len?")
+    assert "[worker2] Docstring:" in capsys.readouterr().out
+
+
+def test_values_errors_and_underscore_keep_their_meaning(world):
+    c = world(2)
+    long = "list(range(40))"
+    assert c.run(long, show=False) == {1: repr(list(range(40))), 2: repr(list(range(40)))}
+    assert c.run("40 + 2", ranks=[1], show=False) == {1: "42"}
+    assert c.run("_", ranks=[1], show=False) == {1: "42"}
+    assert c.run("x = 5\nx;", ranks=[1], show=False) == {1: None}  # ';' hides it
+    with pytest.raises(DistCellError) as info:
+        c.run("def f():\n    raise KeyError('deep')\nf()", ranks=[1], show=False)
+    text = "\n".join(info.value._render_traceback_())
+    assert "raise KeyError('deep')" in text and "<dist-cell-" in text
+    assert "IPython" not in text and "nbdist/proc" not in text
+    with pytest.raises(DistCellError) as info:
+        c.run("def g(:\n  pass", ranks=[2], show=False)
+    assert info.value.failures[0].etype == "SyntaxError"
+    assert c.run("y = 3\ny * 2", ranks=[2], show=False) == {2: "6"}  # the worker goes on
+
+
+def test_displays_outside_jupyter_and_the_size_limit(world, capsys, monkeypatch):
+    monkeypatch.setenv("NBDIST_DISPLAY_MB", "0.01")  # the workers take the notebook's env
+    c = world(1)
+    capsys.readouterr()
+    c.run("from IPython.display import HTML, display\ndisplay(HTML('<b>x</b>'))\n"
+          "display(HTML('y' * 20000))")
+    c.flush()
+    out = capsys.readouterr().out
+    assert "[worker1] <IPython.core.display.HTML object>" in out
+    assert "[worker1] nbdist: a display of 20 KB from rank 1 (worker1) was not shown" in out
+
+
+def test_render_grid_puts_each_rank_in_its_column():
+    page = render_grid([("worker1", [{"image/png": "iVBO", "text/plain": "fig"}]),
+                        ("worker2", [{"text/html": "<b>2</b>"}, {"text/plain": "a < b"}])])
+    assert page.count("<td ") == 2 and page.count("<th ") == 2
+    assert 'src="data:image/png;base64,iVBO"' in page
+    assert "<b>2</b>" in page and "a &lt; b" in page
+    assert page.index("[worker1]") < page.index("[worker2]")
