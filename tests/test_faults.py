@@ -8,18 +8,10 @@ import threading
 import time
 
 import pytest
+from conftest import wait_until
 
 import nbdist
 from nbdist.errors import DistCellError, DistTimeoutError, StartError, WorkerDiedError
-
-
-def _poll(pred, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.02)
-    return pred()
 
 
 def _state(c, rank: int) -> str:
@@ -57,9 +49,9 @@ def test_dead_worker_detected_and_explained(world, how, expect):
     t0 = time.monotonic()
     with pytest.raises(DistCellError) as info:
         c.run(f"import os\n{how}", ranks=[2], show=False)
-    assert time.monotonic() - t0 < 3
+    assert time.monotonic() - t0 < 30  # "it hangs"; the death is noticed in well under 1 s
     assert expect in str(info.value)
-    assert _poll(lambda: expect in _state(c, 2), 2.0), _state(c, 2)
+    wait_until(lambda: expect in _state(c, 2), 10, f"status of rank 2 to say {expect!r}")
     assert _state(c, 1) == "alive"
     with pytest.raises(WorkerDiedError, match="rank 2"):
         c.run("1", ranks=[2])
@@ -71,12 +63,58 @@ def test_rpc_waiting_on_a_worker_that_dies_fails_fast_and_names_it(world):
 
     c = world(2)
     pid = c.ranks[2].pid
-    threading.Timer(0.5, os.kill, args=(pid, signal.SIGKILL)).start()
-    t0 = time.monotonic()
-    with pytest.raises(Exception) as info:
-        rpc.rpc_sync("worker2", time.sleep, args=(30,))
-    assert time.monotonic() - t0 < 5
-    assert "worker2" in str(info.value)
+    killed = []
+
+    def kill() -> None:
+        killed.append(time.monotonic())
+        os.kill(pid, signal.SIGKILL)
+
+    c.run("import time\nstarted = False", ranks=[2], show=False)
+    c.run("def nap():\n    global started\n    started = True\n    time.sleep(30)\n",
+          ranks=[2], show=False)
+    timer = threading.Thread(target=lambda: (wait_until(
+        lambda: c.run("started", ranks=[2], show=False) == {2: "True"}, 30,
+        "the RPC to run on worker2"), kill()), daemon=True)
+    timer.start()
+    with pytest.raises(WorkerDiedError) as info:
+        rpc.rpc_sync("worker2", _remote_nap)
+    noticed = time.monotonic()
+    timer.join(5)
+    assert killed, "the RPC returned before the worker was killed"
+    assert noticed - killed[0] < 5, "the death was not noticed at once"  # measured ~0.05 s
+    err = info.value
+    assert (err.rank, err.name) == (2, "worker2") and "killed by SIGKILL" in err.reason, err
+    assert "rank 2 (worker2) died while an RPC waited on it" in str(err)
+
+
+def _remote_nap():
+    import __main__
+
+    return __main__.nap()
+
+
+def test_worker_killed_while_idle_is_noticed_reported_and_named(world, capsys):
+    """Nobody waits on the worker when it dies: the notebook still notices (its parent
+    reports the signal), %dist_status shows how it died, the next cell names it."""
+    c = world(2)
+    capsys.readouterr()
+    os.kill(c.ranks[2].pid, signal.SIGKILL)
+    killed = time.monotonic()
+    wait_until(lambda: "killed by SIGKILL" in _state(c, 2), 30, "status to show the SIGKILL")
+    assert time.monotonic() - killed < 5, "the death of an idle worker was noticed late"
+    _, err = capsys.readouterr()
+    assert "nbdist: rank 2 (worker2) killed by SIGKILL" in err, err
+    table = c.status()
+    assert table.alive() == {0: True, 1: True, 2: False}
+    line = next(ln for ln in str(table).splitlines() if ln.split()[:2] == ["2", "worker2"])
+    assert "killed by SIGKILL" in line, str(table)
+    page = table._repr_html_()
+    assert '<tr style="color:#b00"><td>2</td><td>worker2</td>' in page, page
+    with pytest.raises(WorkerDiedError) as info:
+        c.run("1", ranks=[2], show=False)
+    assert (info.value.rank, info.value.name) == (2, "worker2")
+    assert "killed by SIGKILL" in str(info.value)
+    assert c.run("40 + 2", ranks=[1], show=False) == {1: "42"}
 
 
 def test_worker_failing_at_startup_is_reported_and_nothing_is_left(monkeypatch):
@@ -84,7 +122,7 @@ def test_worker_failing_at_startup_is_reported_and_nothing_is_left(monkeypatch):
     t0 = time.monotonic()
     with pytest.raises(StartError) as info:
         nbdist.start(2, quiet=True, start_timeout=30)
-    assert time.monotonic() - t0 < 10
+    assert time.monotonic() - t0 < 20  # noticed, not timed out (start_timeout is 30 s)
     msg = str(info.value)
     assert "rank 2 (worker2)" in msg and "fails at start-up on purpose" in msg
     assert nbdist.current() is None
@@ -96,19 +134,29 @@ def test_worker_failing_at_startup_is_reported_and_nothing_is_left(monkeypatch):
         c.stop()
 
 
-def _interrupt_soon(delay: float) -> threading.Timer:
-    t = threading.Timer(delay, os.kill, args=(os.getpid(), signal.SIGINT))
-    t.start()
-    return t
+def _interrupt_when(ready, what: str) -> list[float]:
+    """Ctrl-C this process once ``ready()``; returns the list the SIGINT's time goes in."""
+    sent: list[float] = []
+
+    def go() -> None:
+        wait_until(ready, 60, what)
+        sent.append(time.monotonic())
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=go, daemon=True).start()
+    return sent
 
 
 def test_ctrl_c_during_dist_cell_returns_fast_and_world_stays_usable(world):
     c = world(2)
-    _interrupt_soon(0.5)
-    t0 = time.monotonic()
+    c.run("import os, tempfile\nflag = tempfile.mktemp()", ranks=[1], show=False)
+    flag = c.run("flag", ranks=[1], show=False)[1].strip("'")
+    sent = _interrupt_when(lambda: os.path.exists(flag), "the cell to run")
     with pytest.raises(KeyboardInterrupt):
-        c.run("import time\nwhile True:\n    time.sleep(0.05)", show=False)
-    assert time.monotonic() - t0 < 3.0  # 2 s asked; slack for a loaded CI machine
+        c.run("import time, os\nif os.environ['NBDIST_RANK'] == '1':\n"
+              "    open(flag, 'w').close()\nwhile True:\n    time.sleep(0.05)", show=False)
+    assert sent and time.monotonic() - sent[0] < 10  # from the SIGINT; 2 s asked
+    os.unlink(flag)
     assert c.run("'still here'", show=False) == {1: "'still here'", 2: "'still here'"}
 
 
@@ -126,19 +174,14 @@ def test_ctrl_c_during_blocking_rpc_interrupts_remote_work(world):
             "        state['stopped'] = True\n"
             "        raise\n")
     c.run(code, show=False)
-    sent = []
-
-    def interrupt_once_spinning() -> None:  # Ctrl-C while the remote function really runs
-        _poll(lambda: c.run("state['running']", show=False) == {1: "True"}, 30)
-        sent.append(time.monotonic())
-        os.kill(os.getpid(), signal.SIGINT)
-
-    threading.Thread(target=interrupt_once_spinning, daemon=True).start()
+    # Ctrl-C while the remote function really runs
+    sent = _interrupt_when(lambda: c.run("state['running']", show=False) == {1: "True"},
+                           "the remote function to run")
     with pytest.raises(KeyboardInterrupt):
         rpc.rpc_sync("worker1", _remote_spin)
-    assert time.monotonic() - sent[0] < 3.0  # 2 s asked; slack for a loaded CI machine
-    ok = _poll(lambda: c.run("state['stopped']", show=False) == {1: "True"}, 3.0)
-    assert ok, c.run("import nbdist.patches.rpc_hooks as h\n(state, h._active)", show=False)
+    assert sent and time.monotonic() - sent[0] < 10  # from the SIGINT; 2 s asked
+    wait_until(lambda: c.run("state['stopped']", show=False) == {1: "True"}, 30,
+               "the remote function to be interrupted too")
     assert rpc.rpc_sync("worker1", os.getpid) == c.ranks[1].pid
 
 
@@ -154,7 +197,7 @@ def test_dist_timeout_interrupts_and_names_ranks(world):
     with pytest.raises(TimeoutError) as info:
         c.run("import time, os\nif os.environ['NBDIST_RANK'] == '2':\n    time.sleep(60)",
               timeout=1.0, show=False)
-    assert time.monotonic() - t0 < 4
+    assert time.monotonic() - t0 < 1.0 + 20  # the 1 s timeout, plus a "hangs" allowance
     assert "rank 2 (worker2)" in str(info.value) and "rank 1" not in str(info.value)
     assert c.run("'ok'", ranks=[2], show=False) == {2: "'ok'"}
 
@@ -169,10 +212,8 @@ def test_start_timeout_leaves_no_joining_thread_and_the_next_start_works(monkeyp
         nbdist.start(2, quiet=True, start_timeout=4)
     assert "rank 2 (worker2)" in str(info.value)
     assert time.monotonic() - t0 < 4 + 30  # "it hangs" bound: the deadline plus teardown
-    deadline = time.monotonic() + 4 + 30
-    while any(t.name == "nbdist-join" for t in threading.enumerate()):
-        assert time.monotonic() < deadline, "rank 0's init_rpc thread outlived its deadline"
-        time.sleep(0.1)
+    wait_until(lambda: not any(t.name == "nbdist-join" for t in threading.enumerate()),
+               4 + 30, "rank 0's init_rpc thread to end by its deadline")
     monkeypatch.delenv("NBDIST_TEST_STALL_RANK")
     c = nbdist.start(2, quiet=True)
     try:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import time
+from conftest import wait_until
 
 CODE = '''
 import sys, threading, warnings
@@ -18,26 +18,20 @@ def chatty(n):
 '''
 
 
-def _wait_for(capsys, needle: str, timeout: float = 3.0) -> tuple[str, str]:
-    deadline = time.monotonic() + timeout
-    out = err = ""
-    while time.monotonic() < deadline:
-        o, e = capsys.readouterr()
-        out, err = out + o, err + e
-        if needle in out + err:
-            break
-        time.sleep(0.02)
-    return out, err
-
-
 def test_rpc_output_stdout_stderr_threads_warnings(ipython, capsys):
     ipython.run_line_magic("dist_start", "2 --name agent --worker-name obs{rank}")
     assert ipython.run_cell(CODE).success
     capsys.readouterr()
-    t0 = time.monotonic()
     assert ipython.run_cell("rpc.rpc_sync('obs2', chatty, args=(2,))").success
-    out, err = _wait_for(capsys, "a real user warning")
-    assert time.monotonic() - t0 < 3
+    seen = ["", ""]
+
+    def arrived() -> bool:
+        o, e = capsys.readouterr()
+        seen[0], seen[1] = seen[0] + o, seen[1] + e
+        return "a real user warning" in seen[1]
+
+    wait_until(arrived, 30, "the worker's warning on stderr")  # "hangs"; it is shown at once
+    out, err = seen
     assert "[obs2] observer 2 runs an episode\n" in out
     assert "[obs2] from a thread\n" in out
     assert "[obs2] to stderr\n" in err
@@ -46,14 +40,16 @@ def test_rpc_output_stdout_stderr_threads_warnings(ipython, capsys):
 
 
 def test_output_arrives_before_rpc_returns(ipython, capsys):
-    """Flushed before the reply is sent, so it is visible by the time rpc_sync returns."""
+    """Flushed before the reply is sent, and shown before rpc_sync returns: the very next
+    statement sees it, with no wait (and it comes before what the caller prints next)."""
     ipython.run_line_magic("dist_start", "1")
     ipython.run_cell("import torch.distributed.rpc as rpc\n"
-                     "def hello():\n    print('hello there')\n    return 1")
-    capsys.readouterr()
-    ipython.run_cell("rpc.rpc_sync('worker1', hello)")
-    out, _ = _wait_for(capsys, "hello there", timeout=0.5)
-    assert "[worker1] hello there" in out
+                     "def hello(i):\n    print('hello there', i)\n    return i")
+    for i in range(20):
+        capsys.readouterr()
+        ipython.run_cell(f"rpc.rpc_sync('worker1', hello, args=({i},)); print('after', {i})")
+        out, _ = capsys.readouterr()  # right after the return, no polling
+        assert f"[worker1] hello there {i}\nafter {i}\n" in out, (i, out)
 
 
 def test_dist_cell_streams_and_shows_last_expression(ipython, capsys):

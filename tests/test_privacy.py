@@ -5,8 +5,10 @@ from __future__ import annotations
 import ipaddress
 import os
 import stat
+import time
 
 import psutil
+import pytest
 
 from nbdist.cluster.session import SESSION as cl
 
@@ -35,14 +37,23 @@ def test_only_loopback_listeners_and_private_files(world):
     assert sock.startswith(runtime)
 
 
+@pytest.mark.xfail(raises=TimeoutError, strict=True,
+                   reason="product bug: after start nobody accepts on the world's control "
+                          "socket (only startup's accept_all calls Listener.accept), so a "
+                          "process without the key waits for its own timeout, unrefused")
 def test_control_socket_rejects_a_process_without_the_key(world):
-    import pytest
-
-    from nbdist.proc.channel import connect
+    """A process without the world's key is refused: the notebook closes the connection
+    during the handshake and records why. A control socket that merely never answers (the
+    stray's own timeout, a TimeoutError) fails this test."""
+    from nbdist.proc.channel import HandshakeError, connect
 
     c = world(1)
-    with pytest.raises((ConnectionError, EOFError, OSError)):
-        chan = connect(c._listener.path, b"wrong key", timeout=2)
-        chan.send(("hello", 1, os.getpid()))
-        chan.recv()
+    listener = c._listener
+    refused_before = len(listener.rejected)
+    t0 = time.monotonic()
+    with pytest.raises(HandshakeError, match="closed the connection during the handshake"):
+        connect(listener.path, b"wrong key", timeout=10).close()
+    assert time.monotonic() - t0 < 5, "refused only after a long silence"
+    assert len(listener.rejected) == refused_before + 1
+    assert "without the world's key" in listener.rejected[-1]
     assert c.run("'still fine'", show=False) == {1: "'still fine'"}

@@ -132,10 +132,11 @@ def test_remote_traceback_shows_cell_source_and_rank(shell, capsys):
     assert "obs2" in text
     assert "raise ValueError(f'bad value {inner}')" in text  # the cell's line, from the worker
     assert "_run_function" not in text  # nbdist's and torch's frames are not the user's
-    import time
+    # raised once, not also printed remotely: after flush() whatever obs2 wrote has arrived
+    import nbdist
 
-    time.sleep(0.3)
-    assert "[obs2]" not in capsys.readouterr().err  # raised once, not also printed remotely
+    assert nbdist.current().flush(timeout=30)
+    assert "[obs2]" not in capsys.readouterr().err
 
 
 def test_unpicklable_argument_is_named(shell):
@@ -144,10 +145,11 @@ def test_unpicklable_argument_is_named(shell):
     assert "argument 1 of the RPC to triple (lock)" in str(info.value)
 
 
-def test_submodule_scan_is_cached_but_still_correct():
+def test_submodule_scan_is_cached_but_still_correct(monkeypatch):
     import concurrent.futures  # noqa: F401
     import pickle
-    import time
+    import sys
+    import types
 
     import cloudpickle
 
@@ -158,11 +160,22 @@ def test_submodule_scan_is_cached_but_still_correct():
     assert cloudpickle.cloudpickle._find_imported_submodules is shipping._cached_submodules
     blob = shipping.dumps(ns["f"])
     assert pickle.loads(blob)() is concurrent.futures.ThreadPoolExecutor
-    t0 = time.perf_counter()
-    for _ in range(200):
-        shipping.dumps(ns["f"])
-    per_call = (time.perf_counter() - t0) / 200
-    assert per_call < 0.002, f"{per_call * 1e3:.2f} ms per by-value function"
+    # cached: shipping the same function again does not walk sys.modules again, until a
+    # module is imported (what that saves per call is in bench/, not asserted here)
+    scans = []
+    real = shipping._find_submodules
+    monkeypatch.setattr(shipping, "_find_submodules",
+                        lambda code, deps: scans.append(code) or real(code, deps))
+    exec("def g():\n    return concurrent.futures.Future\n", ns)
+    shipping.dumps(ns["g"])
+    first = len(scans)
+    assert first >= 1
+    for _ in range(5):
+        assert pickle.loads(shipping.dumps(ns["g"]))() is concurrent.futures.Future
+    assert len(scans) == first, "the scan was not cached"
+    monkeypatch.setitem(sys.modules, "nbdist_test_new_module", types.ModuleType("x"))
+    assert pickle.loads(shipping.dumps(ns["g"]))() is concurrent.futures.Future
+    assert len(scans) > first, "a new module in sys.modules must invalidate the cache"
 
 
 def test_cell_that_imported_rpc_functions_by_name_ships(shell):

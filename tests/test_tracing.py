@@ -108,7 +108,7 @@ def test_enable_false_stops_tracing_everywhere_and_true_resumes(world):
     rpc.remote("worker1", zeros, args=(2,)).to_here()
     c.run("import torch.distributed.rpc as rpc\nrpc.rpc_sync('worker2', abs, args=(-1,))\n",
           ranks=[1], show=False)
-    time.sleep(0.2)
+    assert c.flush(timeout=30)  # whatever the workers traced has arrived by now
     assert tracing.rpc_stats().total() == 0
 
     tracing.enable(True)
@@ -126,7 +126,7 @@ def test_disabled_setting_reaches_a_new_world(world):
     c2.run("import torch.distributed.rpc as rpc\nrpc.rpc_sync('worker0', abs, args=(-1,))\n",
            show=False)
     rpc.rpc_sync("worker1", echo, args=(1,))
-    time.sleep(0.2)
+    assert c2.flush(timeout=30)  # whatever the worker traced has arrived by now
     assert tracing.rpc_stats().total() == 0
     tracing.enable(True)
 
