@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from conftest import wait_until
 
 CODE = '''
@@ -39,13 +41,25 @@ def test_rpc_output_stdout_stderr_threads_warnings(ipython, capsys):
     assert "[obs1]" not in out + err
 
 
-def test_output_arrives_before_rpc_returns(ipython, capsys):
+def test_output_arrives_before_rpc_returns(ipython, capsys, monkeypatch):
     """Flushed before the reply is sent, and shown before rpc_sync returns: the very next
-    statement sees it, with no wait (and it comes before what the caller prints next)."""
+    statement sees it, with no wait, even where showing a line is slow (a busy front end:
+    here each line of the function takes 0.2 s to write, well within the 0.5 s rpc_sync
+    waits for the receiver to catch up)."""
+    from nbdist.cluster.router import Router
+
+    real = Router.write
+
+    def slow_front_end(stream: str, text: str) -> None:
+        if "hello there" in text:
+            time.sleep(0.2)
+        real(stream, text)
+
+    monkeypatch.setattr(Router, "write", staticmethod(slow_front_end))
     ipython.run_line_magic("dist_start", "1")
     ipython.run_cell("import torch.distributed.rpc as rpc\n"
                      "def hello(i):\n    print('hello there', i)\n    return i")
-    for i in range(20):
+    for i in range(5):
         capsys.readouterr()
         ipython.run_cell(f"rpc.rpc_sync('worker1', hello, args=({i},)); print('after', {i})")
         out, _ = capsys.readouterr()  # right after the return, no polling
