@@ -46,6 +46,7 @@ __all__ = [
 # Re-entrant: a worker's SIGINT handler may run again, inside itself, on the main thread.
 _active_lock = threading.RLock()
 _active: dict[int, set[object]] = {}
+_hit: set[int] = set()  # threads an interrupt was injected into that have not dropped it yet
 _death_check: Callable[[Any], None] | None = None
 _after_call: Callable[[], None] | None = None
 _on_interrupt: Callable[[Any], None] | None = None
@@ -312,7 +313,8 @@ def _leave(tid: int, token: object) -> None:
             calls.discard(token)
             if not calls:
                 del _active[tid]
-        if tid not in _active:
+        if tid in _hit and tid not in _active:  # no ctypes call unless one was injected
+            _hit.discard(tid)
             ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(tid), None)
 
 
@@ -352,6 +354,7 @@ def interrupt_rpc_threads() -> int:
     """Raise KeyboardInterrupt in every thread now running an RPC function; returns how many."""
     with _active_lock:  # held while injecting: a thread cannot leave _active meanwhile
         for tid in _active:
+            _hit.add(tid)
             ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(tid),
                                                        ctypes.py_object(KeyboardInterrupt))
         return len(_active)
