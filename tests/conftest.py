@@ -255,14 +255,14 @@ def _fds() -> dict[int, str]:
     """Open fds and what they point to, but TensorPipe's shared-memory segments: torch's RPC
     context of the last world (and its ~24 segments per peer) lives until the next world
     starts (startup resets the RRefContext singleton then), so their count follows the last
-    world's size, not leaks."""
+    world's size, not leaks; nor font files, which matplotlib's font cache keeps open."""
     found = {}
     for name in os.listdir("/proc/self/fd"):
         try:
             target = os.readlink(f"/proc/self/fd/{name}")
         except OSError:
             continue  # the listing's own fd, or one closed meanwhile
-        if "tensorpipe_shm" not in target:
+        if "tensorpipe_shm" not in target and not target.endswith((".ttf", ".otf")):
             found[int(name)] = target
     return found
 

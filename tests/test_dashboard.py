@@ -10,8 +10,7 @@ import time
 
 import nbformat
 import pytest
-from conftest import ARTIFACTS
-from nbclient import NotebookClient
+from conftest import ARTIFACTS, assert_no_errors, run_notebook, wait_until
 
 import nbdist
 from nbdist.display import Dashboard, close_all, record_timing
@@ -35,8 +34,9 @@ def _echo(x):
     return x
 
 
-def test_widget_updates_while_a_long_cell_runs(world):
+def test_widget_updates_while_a_long_cell_runs(world, tmp_path):
     c = world(2)
+    enough = tmp_path / "seen-two-updates"  # the cell runs until the watcher saw them
     d = Dashboard(hz=10, widgets=True)
     d.refresh(force=True)  # the picture before the cell
     d.start()
@@ -50,14 +50,19 @@ def test_widget_updates_while_a_long_cell_runs(world):
             if v != last:
                 seen.append((time.monotonic(), v))
                 last = v
+                if len(seen) >= 2:
+                    enough.touch()
             time.sleep(0.01)
 
     watcher = threading.Thread(target=watch)
     watcher.start()
     try:
         t0 = time.monotonic()
-        c.run("import nbdist, time\nfor i in range(60):\n    nbdist.log(reward=i % 7)\n"
-              "    time.sleep(0.05)\n", show=False)  # ~3 s, the main thread blocked in here
+        # the main thread is blocked in here until two redraws were seen (120 s: "hangs")
+        c.run(f"import nbdist, os, time\nt0 = time.monotonic()\ni = 0\n"
+              f"while not os.path.exists({str(enough)!r}):\n"
+              f"    assert time.monotonic() - t0 < 120, 'no redraws while the cell ran'\n"
+              f"    nbdist.log(reward=i % 7)\n    i += 1\n    time.sleep(0.05)\n", show=False)
         t1 = time.monotonic()
     finally:
         stop.set()
@@ -94,16 +99,11 @@ def test_picture_file_outside_a_notebook(world, tmp_path):
     c = world(1)
     path = str(tmp_path / "live.png")
     d = Dashboard(hz=20, widgets=False, save_to=path).start()
-    deadline = time.monotonic() + 10
-    while not os.path.exists(path) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: os.path.exists(path), 60, "the first picture file")
     first = open(path, "rb").read()
     assert first.startswith(PNG)
     c.run("import nbdist\nfor i in range(200):\n    nbdist.log(reward=i)\n", show=False)
-    deadline = time.monotonic() + 10
-    while open(path, "rb").read() == first and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert open(path, "rb").read() != first, "the picture file was not refreshed"
+    wait_until(lambda: open(path, "rb").read() != first, 60, "the picture file to be redrawn")
     saved = d.save(str(tmp_path / "run.png"))
     assert open(saved, "rb").read().startswith(PNG)
     d.save(str(tmp_path / "run.svg"))
@@ -144,16 +144,12 @@ NOTEBOOK = [
 
 @pytest.mark.timeout(300)
 def test_headless_notebook_keeps_an_updated_picture(tmp_path):
+    path = tmp_path / "dashboard_headless.ipynb"
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell(src) for src in NOTEBOOK]
-    client = NotebookClient(nb, timeout=120, kernel_name="python3",
-                            resources={"metadata": {"path": str(tmp_path)}})
-    client.execute()
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    nbformat.write(nb, str(ARTIFACTS / "dashboard_headless.ipynb"))
-    for cell in nb.cells:
-        for out in cell.get("outputs", []):
-            assert out["output_type"] != "error", out
+    nbformat.write(nb, str(path))
+    nb = run_notebook(path, timeout=120, save_to=ARTIFACTS / path.name)
+    assert_no_errors(nb)
     outs = nb.cells[2]["outputs"]
     assert len(outs) == 1, "the dashboard is one output, updated in place"
     data = outs[0]["data"]

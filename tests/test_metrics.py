@@ -10,19 +10,10 @@ import time
 import pytest
 import torch
 import torch.distributed.rpc as rpc
+from conftest import wait_until
 
 import nbdist
 from nbdist.telemetry import records as metrics
-
-
-def _wait_for(pred, timeout: float = 10.0, what: str = "records"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 @pytest.fixture(autouse=True)
@@ -46,10 +37,9 @@ def test_four_ranks_5000_records_each_arrive_in_order(ipython):
     c = nbdist.current()
     ipython.run_cell_magic("dist", "", "import nbdist\nfor i in range(5000):\n"
                                        "    nbdist.log(i=i, reward=i * 0.5)\n")
-    ended = time.monotonic()
-    rows = _wait_for(lambda: (len(h := nbdist.history()) >= 20000) and h, 2.0,
-                     "20,000 records within 2 s of the cell ending")
-    assert time.monotonic() - ended < 2.0
+    # "it hangs" deadline; how fast records arrive is measured in bench/metrics.py
+    rows = wait_until(lambda: (len(h := nbdist.history()) >= 20000) and h, 60,
+                      "20,000 records from the cell")
     assert len(rows) == 20000
     for r in range(1, 5):
         mine = [x for x in rows if x["rank"] == r]
@@ -74,8 +64,8 @@ for th in threads: th.join()
 """, show=False)
     futs = [rpc.rpc_async(c.names[r], _log_burst, args=(2000, "rpc")) for r in (1, 2)]
     assert [f.wait() for f in futs] == [2000, 2000]
-    rows = _wait_for(lambda: (len(h := nbdist.history()) >= 2 * (4 * 3000 + 2000)) and h,
-                     5.0, "every record from threads and RPC handlers")
+    rows = wait_until(lambda: (len(h := nbdist.history()) >= 2 * (4 * 3000 + 2000)) and h,
+                      60, "every record from threads and RPC handlers")
     assert len(rows) == 2 * (4 * 3000 + 2000)
     for r in (1, 2):
         for t in range(4):
