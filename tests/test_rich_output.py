@@ -105,10 +105,15 @@ def test_plots_from_two_ranks_arrive_as_labelled_pngs_and_side_by_side(kernels):
 def test_html_displays_rich_values_updates_clears_and_widgets(kernels):
     k = _started(kernels)
     status, msgs = _cell(k, "%%dist\nfrom IPython.display import HTML, display\n"
-                            "display(HTML('<b>hi</b>'))\n'after'")
+                            "print('printed first')\ndisplay(HTML('<b>hi</b>'))\n'after'")
     assert status == "ok", msgs
     assert [d["data"]["text/html"] for d in _bundles(msgs, "text/html")] == ["<b>hi</b>"] * 2
     assert "[worker1] 'after'" in _stdout(msgs)
+    printed = next(i for i, m in enumerate(msgs) if m["msg_type"] == "stream"
+                   and "[worker1] printed first" in m["content"]["text"])
+    shown = next(i for i, m in enumerate(msgs) if m["msg_type"] == "display_data"
+                 and m["content"]["metadata"].get("nbdist", {}).get("name") == "worker1")
+    assert printed < shown  # what a rank printed before a display shows before it
 
     # a last expression with _repr_html_ shows as HTML (not again as a text line)
     status, msgs = _cell(k, "%%dist --ranks 1\nclass T:\n    def _repr_html_(self):\n"
@@ -224,6 +229,11 @@ def test_displays_outside_jupyter_and_the_size_limit(world, capsys, monkeypatch)
     out = capsys.readouterr().out
     assert "[worker1] <IPython.core.display.HTML object>" in out
     assert "[worker1] nbdist: a display of 20 KB from rank 1 (worker1) was not shown" in out
+    values = c.run("class T:\n    def _repr_html_(self):\n        return '<i>t</i>'\n"
+                   "    def __repr__(self):\n        return 'T()'\nT()")
+    assert values == {1: "T()"}
+    c.flush()
+    assert capsys.readouterr().out.count("[worker1] T()") == 1  # the value's line, once
 
 
 def test_render_grid_puts_each_rank_in_its_column():

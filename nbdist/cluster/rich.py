@@ -29,6 +29,7 @@ from .router import Router
 __all__ = ["RichOutput", "render_grid"]
 
 _BLANK = {"text/plain": ""}
+MAX_IDS = 10_000  # worker display ids remembered per rank (for updates)
 _IMAGES = ("image/png", "image/jpeg", "image/gif")
 
 
@@ -118,8 +119,10 @@ class RichOutput:
     def show(self, rank: int, name: str, msg: DisplayData | ClearOutput) -> None:
         """One rich output or clear from ``rank``, in the running cell."""
         with self._lock:
-            if isinstance(msg, DisplayData) and msg.result_of and rank in self._hide_results:
-                return
+            if isinstance(msg, DisplayData) and msg.result_of:
+                if rank in self._hide_results or not self.jupyter:
+                    return  # outside Jupyter the value's text line says it all
+                self._results.add((msg.result_of, rank))
             if self._grid is not None and rank in self._grid:
                 self._to_grid(rank, msg)
                 return
@@ -129,8 +132,6 @@ class RichOutput:
             if not self.jupyter:
                 self._write_text(name, msg)
                 return
-            if msg.result_of:
-                self._results.add((msg.result_of, rank))
             if msg.update:
                 self._update(rank, name, msg)
             else:
@@ -180,6 +181,8 @@ class RichOutput:
                 nb_id = f"{self._prefix}-{next(self._ids)}"
                 if msg.display_id:
                     view.ids[msg.display_id] = nb_id
+                    if len(view.ids) > MAX_IDS:  # the oldest can no longer be updated
+                        del view.ids[next(iter(view.ids))]
             label, label_md = self._label(rank, name)
             publish_display_data(label, label_md, transient={"display_id": label_id})
             publish_display_data(msg.data, meta, transient={"display_id": nb_id})
