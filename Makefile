@@ -29,6 +29,7 @@ test-fast: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/startup.py
+	$(BIN)/python bench/rpc.py
 	$(BIN)/python bench/batching.py
 	$(BIN)/python bench/metrics.py
 

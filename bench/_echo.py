@@ -1,13 +1,21 @@
-"""An importable echo for the RPC latency benchmark: both nbdist and plain torch processes
-pickle it by reference, so the comparison measures RPC, not function shipping."""
+"""Importable echoes for the RPC benchmarks: plain torch processes pickle them by reference,
+so that side measures RPC alone (nbdist's side uses copies defined in ``__main__``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["echo"]
+__all__ = ["EchoBox", "echo"]
 
 
 def echo(x: Any) -> Any:
     """Return ``x``."""
     return x
+
+
+class EchoBox:
+    """An object to hold in an RRef and call through a proxy."""
+
+    def echo(self, x: Any) -> Any:
+        """Return ``x``."""
+        return x

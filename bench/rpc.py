@@ -1,0 +1,275 @@
+"""RPC at torch's own speed? nbdist (notebook-defined functions) vs plain torch vs ipyparallel.
+
+``python bench/rpc.py [--quick]`` (part of ``make bench``). In one run, in interleaved rounds
+(the order flips every round, so a busy spell of a shared machine hits both sides):
+
+- **plain torch**: two processes that never import nbdist (``_rpc_plain.py``), the function
+  and the class imported by reference from a module (``_echo.py``);
+- **nbdist**: this process is rank 0 of ``nbdist.start(1)``; the function and class are
+  defined in ``__main__`` (this script), as a notebook cell defines them, so they travel by
+  value; tracing and output routing are on (the defaults).
+
+Each does, for payloads of 16 B, 64 KB, 1 MB, 16 MB and 64 MB (float32 tensors, echoed back):
+``rpc_sync`` (latency), ``rpc_async`` (pipelined windows: time per call), ``remote`` (then
+``to_here``) and a proxy call ``rref.rpc_sync().echo(x)`` on an object held in an RRef.
+Then ipyparallel, the peer a notebook user would otherwise pick: one engine on loopback,
+``apply_sync(echo, x)`` and ``push({'x': x})`` + ``pull('x')`` of the same tensors.
+
+Reported: median, p10, p90 per call and the ratio of medians nbdist / plain (and ipyparallel
+/ plain). Absolute times on a shared 2-core machine are noisy; the ratios come from
+interleaved rounds of the same run. Writes ``bench/results/rpc.json`` and ``rpc.md``.
+Every process it starts is stopped at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed.rpc as rpc
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from _rpc_loops import KINDS, PAYLOADS, measure, tensor  # noqa: E402
+
+import nbdist  # noqa: E402
+
+__all__ = ["NbBox", "main", "nb_echo"]
+
+RESULTS = HERE / "results"
+
+
+# Defined here, in __main__, like a notebook cell's function and class: nbdist ships them by
+# value (the code once per destination, then by digest).
+def nb_echo(x: Any) -> Any:
+    """Return ``x``."""
+    return x
+
+
+class NbBox:
+    """An object to hold in an RRef and call through a proxy."""
+
+    def echo(self, x: Any) -> Any:
+        """Return ``x``."""
+        return x
+
+
+def _plan(quick: bool) -> dict[str, tuple[int, int]]:
+    """payload -> (calls per block, async window)."""
+    if quick:
+        return {"16 B": (300, 16), "64 KB": (150, 16), "1 MB": (40, 8), "16 MB": (6, 2),
+                "64 MB": (2, 2)}
+    return {"16 B": (1500, 32), "64 KB": (600, 16), "1 MB": (150, 8), "16 MB": (20, 4),
+            "64 MB": (6, 2)}
+
+
+class Plain:
+    """Rank 0 of a plain torch world in a child process, driven over its stdin."""
+
+    def __init__(self, tmp: str) -> None:
+        init = f"file://{tmp}/plain-rpc"
+        env = dict(os.environ, PYTHONPATH=str(HERE))
+        script = str(HERE / "_rpc_plain.py")
+        self.server = subprocess.Popen([sys.executable, script, "1", init, "1"], env=env,
+                                       stdin=subprocess.DEVNULL)
+        self.driver = subprocess.Popen([sys.executable, script, "0", init, "1"], env=env,
+                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert self.driver.stdout is not None
+        line = self.driver.stdout.readline()
+        if line.strip() != "ready":
+            raise RuntimeError(f"plain torch world did not start: {line!r}")
+
+    def measure(self, kind: str, nbytes: int, n: int, window: int) -> list[float]:
+        assert self.driver.stdin is not None and self.driver.stdout is not None
+        self.driver.stdin.write(f"{kind} {nbytes} {n} {window}\n")
+        self.driver.stdin.flush()
+        return json.loads(self.driver.stdout.readline())
+
+    def stop(self) -> None:
+        try:
+            if self.driver.poll() is None and self.driver.stdin is not None:
+                self.driver.stdin.write("quit\n")
+                self.driver.stdin.flush()
+            for p in (self.driver, self.server):
+                p.wait(30)
+        except (subprocess.TimeoutExpired, OSError):
+            pass
+        finally:
+            for p in (self.driver, self.server):
+                if p.poll() is None:
+                    p.kill()
+                    p.wait(10)
+
+
+def _stats(xs: list[float]) -> dict:
+    q = statistics.quantiles(xs, n=10) if len(xs) >= 2 else [xs[0]] * 9
+    return {"median_us": statistics.median(xs) * 1e6, "p10_us": q[0] * 1e6,
+            "p90_us": q[-1] * 1e6, "n": len(xs)}
+
+
+def rpc_rounds(quick: bool, rounds: int) -> dict:
+    """plain vs nbdist, every kind and payload, ``rounds`` interleaved rounds."""
+    plan = _plan(quick)
+    samples: dict[tuple[str, str, str], list[float]] = {}
+    with tempfile.TemporaryDirectory(prefix="nbdist-bench-rpc-") as tmp:
+        plain = Plain(tmp)
+        c = nbdist.start(1, threads=1, quiet=True)
+        try:
+            w = c.names[1] if hasattr(c, "names") else "worker1"
+            box = rpc.remote(w, NbBox)
+            xs = {p: tensor(PAYLOADS[p]) for p in plan}
+            for p, (n, window) in plan.items():  # warm-up, not counted
+                for kind in KINDS:
+                    plain.measure(kind, PAYLOADS[p], max(n // 10, 2), window)
+                    measure(kind, w, nb_echo, box, xs[p], max(n // 10, 2), window)
+            for r in range(rounds):
+                for p, (n, window) in plan.items():
+                    for kind in KINDS:
+                        sides = ("plain", "nbdist") if (r + len(samples)) % 2 else \
+                            ("nbdist", "plain")
+                        for side in sides:
+                            if side == "plain":
+                                lat = plain.measure(kind, PAYLOADS[p], n, window)
+                            else:
+                                lat = measure(kind, w, nb_echo, box, xs[p], n, window)
+                            samples.setdefault((side, kind, p), []).extend(lat)
+                print(f"round {r + 1}/{rounds} done (load {os.getloadavg()[0]:.1f})",
+                      flush=True)
+            del box
+        finally:
+            c.stop()
+            plain.stop()
+    out: dict[str, Any] = {}
+    for (side, kind, p), lat in samples.items():
+        out.setdefault(kind, {}).setdefault(p, {})[side] = _stats(lat)
+    for kind in out:
+        for d in out[kind].values():
+            if "plain" in d and "nbdist" in d:
+                d["ratio"] = d["nbdist"]["median_us"] / d["plain"]["median_us"]
+    return out
+
+
+def ipp_rounds(quick: bool) -> dict:
+    """ipyparallel, one engine on loopback: apply_sync(echo, x) and push + pull of x."""
+    import ipyparallel as ipp
+
+    plan = _plan(quick)
+    cluster = ipp.Cluster(n=1, controller_ip="127.0.0.1", log_level=40)
+    rc = None
+    out: dict[str, Any] = {}
+    try:
+        rc = cluster.start_and_connect_sync()
+        view = rc[:]
+        view.block = True
+        view.execute("import torch")
+        e = rc[0]
+        e.block = True
+        for p, (n, _) in plan.items():
+            x = tensor(PAYLOADS[p])
+            n = max(n // 5, 2)  # ipyparallel is ~10x slower per call
+            e.apply_sync(nb_echo, x)  # warm-up
+            apply, pushpull = [], []
+            for _ in range(n):
+                t = time.perf_counter()
+                e.apply_sync(nb_echo, x)
+                apply.append(time.perf_counter() - t)
+                t = time.perf_counter()
+                e.push({"x": x})
+                e.pull("x")
+                pushpull.append(time.perf_counter() - t)
+            out[p] = {"apply_sync": _stats(apply), "push_pull": _stats(pushpull)}
+    finally:
+        try:
+            if rc is not None:
+                rc.close()
+        finally:
+            cluster.stop_cluster_sync()
+    return out
+
+
+def _fmt_us(us: float) -> str:
+    return f"{us / 1000:.2f} ms" if us >= 1000 else f"{us:.0f} µs"
+
+
+def render(res: dict) -> str:
+    lines = [f"# RPC: nbdist vs plain torch vs ipyparallel ({res['when']})", "",
+             f"{res['machine']}; torch {res['torch']}; mode {res['mode']}, "
+             f"{res['rounds']} interleaved rounds. Rank 0 calls one worker; an echo of a "
+             "float32 tensor (there and back). nbdist: the function and class defined in "
+             "`__main__` (as in a notebook), tracing and output routing on. Plain torch: "
+             "two processes, the function imported by reference. Absolute times are noisy "
+             "on a shared 2-core machine: read the ratios (same run, interleaved).", "",
+             "| call | payload | plain torch median (p10-p90) | nbdist median (p10-p90) | "
+             "nbdist / plain |", "|---|---|---|---|---|"]
+    for kind in KINDS:
+        for p in PAYLOADS:
+            d = res["rpc"].get(kind, {}).get(p)
+            if not d or "ratio" not in d:
+                continue
+            a, b = d["plain"], d["nbdist"]
+            lines.append(f"| `{kind}` | {p} | {_fmt_us(a['median_us'])} "
+                         f"({_fmt_us(a['p10_us'])}-{_fmt_us(a['p90_us'])}) | "
+                         f"{_fmt_us(b['median_us'])} ({_fmt_us(b['p10_us'])}-"
+                         f"{_fmt_us(b['p90_us'])}) | **{d['ratio']:.2f}×** |")
+    lines += ["", "`rpc_async` is time per call of pipelined windows; `remote` is "
+              "`rpc.remote(...).to_here()`; `proxy` is `rref.rpc_sync().echo(x)` on an object "
+              "held in an RRef.", ""]
+    ipp_res = res.get("ipyparallel")
+    if ipp_res:
+        lines += ["## ipyparallel (one engine, loopback), same tensors", "",
+                  "| payload | `apply_sync(echo, x)` | / plain `rpc_sync` | "
+                  "`push` + `pull` | / plain `rpc_sync` |", "|---|---|---|---|---|"]
+        for p, d in ipp_res.items():
+            base = res["rpc"].get("rpc_sync", {}).get(p, {}).get("plain", {}).get("median_us")
+            a, pp = d["apply_sync"]["median_us"], d["push_pull"]["median_us"]
+            ra = f"{a / base:.1f}×" if base else "-"
+            rp = f"{pp / base:.1f}×" if base else "-"
+            lines.append(f"| {p} | {_fmt_us(a)} | {ra} | {_fmt_us(pp)} | {rp} |")
+    elif res.get("ipyparallel_error"):
+        lines += ["", f"ipyparallel: not measured ({res['ipyparallel_error']})"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="few calls: under 2 minutes")
+    ap.add_argument("--rounds", type=int, default=None)
+    ap.add_argument("--no-ipp", action="store_true", help="skip ipyparallel")
+    args = ap.parse_args(argv)
+    rounds = args.rounds or (2 if args.quick else 5)
+    t0 = time.monotonic()
+    res: dict[str, Any] = {
+        "when": datetime.datetime.now().isoformat(timespec="seconds"),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+        "torch": torch.__version__, "mode": "quick" if args.quick else "full",
+        "rounds": rounds,
+    }
+    res["rpc"] = rpc_rounds(args.quick, rounds)
+    if not args.no_ipp:
+        try:
+            res["ipyparallel"] = ipp_rounds(args.quick)
+        except Exception as exc:  # noqa: BLE001 - the RPC figures still count
+            res["ipyparallel_error"] = repr(exc)
+    res["seconds"] = round(time.monotonic() - t0, 1)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "rpc.json").write_text(json.dumps(res, indent=1))
+    text = render(res)
+    (RESULTS / "rpc.md").write_text(text)
+    print(text)
+    print(f"{res['seconds']} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
