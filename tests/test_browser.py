@@ -2,9 +2,15 @@
 
 A private JupyterLab (loopback, random free port, token, temp root and config dirs, no news
 or update checks, read-only extension manager) serves a notebook that starts a world, shows
-``nbdist.dashboard()`` and runs a ~10 s logging cell. While that cell is still running, two
-screenshots of the widget must differ: the plot is updated live, in place. Screenshots go to
-tests/artifacts/. The server, its kernels and the browser are always stopped.
+``nbdist.dashboard()`` and runs a logging cell that goes on until the test has seen the plot
+change: while that cell is still running, two screenshots of the widget must differ (the plot
+is updated live, in place). Screenshots go to tests/artifacts/. The server, its kernels and
+the browser are always stopped.
+
+Chromium: the one `make browser` installed (its path is in ``.venv/.chromium``), else
+``chromium`` on PATH. Where neither exists the test is skipped, and the reason shows in the
+pytest summary (``-ra``); where `make browser` did install it but it cannot be found, the
+test fails instead of skipping.
 """
 
 from __future__ import annotations
@@ -13,44 +19,51 @@ import json
 import os
 import re
 import secrets
+import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 import nbformat
 import pytest
-from conftest import ARTIFACTS, wait_gone
+from conftest import ARTIFACTS, ROOT, child_pids, free_port, wait_gone, wait_until
 
-CHROMIUM = "/usr/bin/chromium"
+# written by `make browser` when Chromium is installed: its path
+MARKER = Path(os.environ.get("NBDIST_CHROMIUM_MARKER", ROOT / ".venv" / ".chromium"))
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu",
                  "--disable-background-networking", "--disable-component-update",
                  "--no-first-run", "--disable-sync"]
 
-pytestmark = [
-    pytest.mark.skipif(not os.path.exists(CHROMIUM),
-                       reason=f"{CHROMIUM} is missing (apt-get install chromium; "
-                              "`make browser` does it)"),
-    pytest.mark.timeout(420),
-]
-
+STOP_FILE = "stop-logging"  # the logging cell runs until the test makes this file
 CELLS = [
     "%load_ext nbdist",
     "%dist_start 2",
     "import nbdist\nnbdist.dashboard()",
-    "%%dist\nimport math, random, time, nbdist\nimport torch.distributed.rpc as rpc\n"
-    "for i in range(200):\n    nbdist.log(reward=math.sin(i / 15) + random.random() * 0.2)\n"
-    "    rpc.rpc_sync('worker0', abs, args=(-i,))\n    time.sleep(0.05)",
+    "%%dist\nimport math, os, random, time, nbdist\nimport torch.distributed.rpc as rpc\n"
+    "i = 0\nt0 = time.monotonic()\n"
+    f"while not os.path.exists({STOP_FILE!r}) and time.monotonic() - t0 < 300:\n"
+    "    nbdist.log(reward=math.sin(i / 15) + random.random() * 0.2)\n"
+    "    rpc.rpc_sync('worker0', abs, args=(-i,))\n    i += 1\n    time.sleep(0.05)",
     "%dist_stop",
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def chromium() -> str:
+    """The Chromium to drive; skips (with the reason in the summary) where there is none,
+    fails where `make browser` installed one that is gone."""
+    installed = MARKER.read_text().strip() if MARKER.is_file() else None
+    path = os.environ.get("NBDIST_CHROMIUM") or installed or shutil.which("chromium")
+    if path and os.path.exists(path):
+        return path
+    if installed:
+        pytest.fail(f"`make browser` installed Chromium ({MARKER} says {installed}) but "
+                    f"{path} is missing: the browser test must run here, not be skipped",
+                    pytrace=False)
+    pytest.skip("browser test not run: Chromium not found (no `chromium` on PATH, no "
+                f"{MARKER}); `make browser` installs it with apt-get")
 
 
 def _api(base: str, token: str, path: str, method: str = "GET") -> object:
@@ -63,7 +76,7 @@ def _api(base: str, token: str, path: str, method: str = "GET") -> object:
 
 @pytest.fixture
 def lab(tmp_path):
-    """A private JupyterLab serving ``dash.ipynb``; yields (base url, token)."""
+    """A private JupyterLab serving ``dash.ipynb``; yields (base url, token, its root)."""
     root = tmp_path / "root"
     root.mkdir()
     nb = nbformat.v4.new_notebook()
@@ -71,7 +84,7 @@ def lab(tmp_path):
                                  "language": "python"}
     nb.cells = [nbformat.v4.new_code_cell(c) for c in CELLS]
     nbformat.write(nb, str(root / "dash.ipynb"))
-    port, token = _free_port(), secrets.token_hex(16)
+    port, token = free_port(), secrets.token_hex(16)
     env = dict(os.environ)
     for var, sub in (("JUPYTER_CONFIG_DIR", "config"), ("JUPYTER_RUNTIME_DIR", "runtime"),
                      ("JUPYTERLAB_SETTINGS_DIR", "settings"),
@@ -105,7 +118,7 @@ def lab(tmp_path):
                     raise RuntimeError("JupyterLab did not start:\n"
                                        + (tmp_path / "lab.log").read_text()[-3000:]) from None
                 time.sleep(0.25)
-        yield base, token
+        yield base, token, root
     finally:
         try:  # shut kernels down through the server: their atexit stops the nbdist world
             for k in _api(base, token, "/api/kernels") or []:
@@ -124,11 +137,12 @@ def lab(tmp_path):
 @pytest.fixture
 def page():
     """A headless Chromium page (Playwright with the system's Chromium, no download)."""
+    path = chromium()
     from playwright.sync_api import sync_playwright
 
     pw = sync_playwright().start()
     try:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS,
+        browser = pw.chromium.launch(executable_path=path, args=CHROMIUM_ARGS,
                                      headless=True)
         try:
             context = browser.new_context(viewport={"width": 1280, "height": 1600})
@@ -149,18 +163,21 @@ def _records(widget) -> int:
     return int(found.group(1).replace(",", "")) if found else 0
 
 
-def _wait(pred, timeout: float, what: str, page=None) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            if page is not None:
-                page.screenshot(path=str(ARTIFACTS / "browser_timeout.png"))
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.1)
+def _wait(pred, timeout: float, what: str, page=None):
+    """wait_until, with a screenshot of the page when it times out."""
+    try:
+        return wait_until(pred, timeout, what, interval=0.1)
+    except AssertionError:
+        if page is not None:
+            page.screenshot(path=str(ARTIFACTS / "browser_timeout.png"))
+        raise
 
 
+@pytest.mark.browser
+@pytest.mark.slow
+@pytest.mark.timeout(600)
 def test_dashboard_updates_live_in_jupyterlab(lab, page):
-    base, token = lab
+    base, token, lab_root = lab
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     page.set_default_timeout(120_000)
     page.goto(f"{base}/lab/tree/dash.ipynb?token={token}")
@@ -182,11 +199,13 @@ def test_dashboard_updates_live_in_jupyterlab(lab, page):
     _wait(lambda: _records(widget) > 0, 180, "records from the logging cell", page)
     first = plot.screenshot(path=str(ARTIFACTS / "browser_plot_1.png"))
     widget.first.screenshot(path=str(ARTIFACTS / "browser_dashboard_1.png"))
-    time.sleep(3.0)
-    second = plot.screenshot(path=str(ARTIFACTS / "browser_plot_2.png"))
+    # the cell logs until told to stop, so any change seen here happened while it ran
+    _wait(lambda: plot.screenshot() != first, 120, "the plot to change while the cell runs",
+          page)
+    plot.screenshot(path=str(ARTIFACTS / "browser_plot_2.png"))
     widget.first.screenshot(path=str(ARTIFACTS / "browser_dashboard_2.png"))
-    assert _prompt(page, 3) == "[*]:", "the logging cell ended before the second screenshot"
-    assert first != second, "the plot did not change while the cell ran"
+    assert _prompt(page, 3) == "[*]:", "the logging cell ended before the plot changed"
+    (lab_root / STOP_FILE).touch()
 
     _wait(lambda: _prompt(page, 4).startswith("[") and _prompt(page, 4) not in ("[ ]:", "[*]:"),
           120, "the notebook to finish", page)
@@ -198,21 +217,29 @@ def test_dashboard_updates_live_in_jupyterlab(lab, page):
     assert not any("Traceback" in t for t in texts), texts
     kernels = _api(base, token, "/api/kernels")
     assert kernels, "the notebook's kernel should still be running"
-    pids_before = _kernel_descendants()
+    pids_before = child_pids("ipykernel nbdist")
     for k in kernels:
         _api(base, token, f"/api/kernels/{k['id']}", "DELETE")
     assert not wait_gone(pids_before, 15.0), "kernel or workers outlived the kernel shutdown"
 
 
-def _kernel_descendants() -> list[int]:
-    import psutil
+def test_missing_chromium_is_a_visible_skip_or_a_failure(tmp_path):
+    """Without Chromium the browser test is skipped with its reason in the summary; where
+    `make browser` installed Chromium (its marker file exists) the same test fails."""
+    def run(marker: Path) -> subprocess.CompletedProcess:
+        env = dict(os.environ, NBDIST_CHROMIUM=str(tmp_path / "no-chromium"),
+                   NBDIST_CHROMIUM_MARKER=str(marker), NBDIST_TEST_NO_WARM="1")
+        return subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-ra", "-p", "no:cacheprovider",
+             f"{__file__}::test_dashboard_updates_live_in_jupyterlab"],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 
-    pids = []
-    for p in psutil.Process().children(recursive=True):
-        try:
-            line = " ".join(p.cmdline())
-        except psutil.Error:
-            continue
-        if "ipykernel" in line or "nbdist" in line:
-            pids.append(p.pid)
-    return pids
+    skipped = run(tmp_path / "no-marker")
+    assert skipped.returncode == 0, skipped.stdout + skipped.stderr
+    assert re.search(r"SKIPPED \[1\] .*browser test not run: Chromium not found",
+                     skipped.stdout), skipped.stdout
+    marker = tmp_path / "chromium-marker"
+    marker.write_text("/usr/bin/chromium\n")
+    failed = run(marker)
+    assert failed.returncode != 0, failed.stdout
+    assert "the browser test must run here, not be skipped" in failed.stdout, failed.stdout

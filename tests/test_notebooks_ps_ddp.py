@@ -13,7 +13,7 @@ import re
 import numpy as np
 import pytest
 import torch
-from conftest import assert_follows_rules, assert_no_errors, run_quick
+from conftest import assert_follows_rules, run_checked
 
 from nbdist.tutorials import digits
 
@@ -73,10 +73,10 @@ def test_digits_accuracy_counts_correct_labels_and_keeps_the_mode():
 
 
 # ---------------------------------------------------------------------- the notebooks
+@pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_parameter_server_notebook_quick():
-    nb, text, seconds = run_quick(PS_NOTEBOOK)
-    assert_no_errors(nb)
+def test_parameter_server_notebook_quick(tmp_path):
+    nb, text, seconds = run_checked(PS_NOTEBOOK, cwd=tmp_path)
     # both trainers ran on the workers, and the gradients of a step were found on the server
     for r in (1, 2):
         assert re.search(rf"\[trainer{r}\] first step: the server holds 8 gradients", text)
@@ -87,16 +87,13 @@ def test_parameter_server_notebook_quick():
                   r"\(through trainer1: (\d\.\d+); chance: 0\.100\)", text)
     assert m, text
     assert float(m[1]) == float(m[2]) > 0.3
-    assert "all checks passed" in text
-    assert "nbdist: stopped" in text
-    assert "Traceback" not in text
     print(f"05_parameter_server quick: {seconds:.1f}s, test accuracy {m[1]}")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_ddp_notebook_quick():
-    nb, text, seconds = run_quick(DDP_NOTEBOOK)
-    assert_no_errors(nb)
+def test_ddp_notebook_quick(tmp_path):
+    nb, text, seconds = run_checked(DDP_NOTEBOOK, cwd=tmp_path)
     # Rank 0's lines have no prefix. No line anchors: a worker's line can land in the middle
     # of one of rank 0's (the core's output router does not wait for rank 0's newline).
     prefix = {0: r"(?<!\] )", 1: r"\[worker1\] ", 2: r"\[worker2\] "}
@@ -125,6 +122,4 @@ def test_ddp_notebook_quick():
     assert float(accs["0"]) > 0.3
     assert re.search(r"epoch 2/2: mean loss \d+\.\d+ over 1440 images, 480 on each rank", text)
     assert re.search(r"test accuracy \d\.\d+; all checks passed", text)
-    assert "nbdist: stopped" in text
-    assert "Traceback" not in text
     print(f"06_ddp_notebook quick: {seconds:.1f}s, test accuracy {accs['0']}")

@@ -11,7 +11,6 @@ import itertools
 import linecache
 import os
 import pickle
-import socket
 import subprocess
 import sys
 import textwrap
@@ -21,7 +20,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import ROOT
+from conftest import ROOT, free_port
 from torch import nn
 
 import nbdist
@@ -499,16 +498,10 @@ if __name__ == "__main__":
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_auto_init_rpc_under_torchrun_environment(tmp_path: Path):
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
-    port = str(_free_port())
+    port = str(free_port())
     procs = []
     for rank in (0, 1):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank),

@@ -10,7 +10,6 @@ CartPole-v1 comes from gymnasium (``reset(seed=...)``, five-tuple ``step``).
 from __future__ import annotations
 
 import os
-import time
 
 import pytest
 
@@ -145,17 +144,6 @@ observer_logs = [r.rpc_sync().get_log() for r in agent.ob_rrefs]
 '''
 
 
-def _wait_for(capsys, needles: list[str], timeout: float = 10.0) -> str:
-    """Captured stdout until every needle has appeared (worker output arrives on its own)."""
-    text = ""
-    deadline = time.monotonic() + timeout
-    while True:
-        text += capsys.readouterr().out
-        if all(n in text for n in needles) or time.monotonic() > deadline:
-            return text
-        time.sleep(0.05)
-
-
 @pytest.mark.timeout(300)
 def test_tutorial_rl_through_magics(ipython, capsys):
     import nbdist
@@ -191,7 +179,8 @@ def test_tutorial_rl_through_magics(ipython, capsys):
     assert [r["reward"] for r in nbdist.history(rank=0, key="reward")] == last_rewards
 
     lines = [f"[obs{i}] observer {i} finished an episode" for i in (1, 2)]
-    out = _wait_for(capsys, lines)
+    assert nbdist.current().flush(timeout=60)  # what the observers printed has arrived
+    out = capsys.readouterr().out
     for line in lines:
         assert out.count(line) == 2, out
 
