@@ -132,3 +132,26 @@ def _call_work(n):
     import __main__
 
     return __main__.work(n)
+
+
+def test_background_thread_output_outside_any_cell_lands(world, tmp_path):
+    """A worker thread prints after its cell ended, while no cell runs: the line is kept
+    and ``nbdist.current().logs(rank)`` returns it."""
+    import nbdist
+
+    c = world(2)
+    go = tmp_path / "go"
+    c.run("import os, threading, time\n"
+          "def later(flag):\n    t0 = time.monotonic()\n"
+          "    while not os.path.exists(flag) and time.monotonic() - t0 < 60:\n"
+          "        time.sleep(0.01)\n"
+          "    print('tick from a background thread', flush=True)\n"
+          f"bg = threading.Thread(target=later, args=({str(go)!r},))\nbg.start()",
+          ranks=[2], show=False)
+    assert "tick from a background thread" not in nbdist.current().logs(2)
+    go.touch()  # now, outside any cell, the thread prints
+    wait_until(lambda: "tick from a background thread" in nbdist.current().logs(2), 30,
+               "the background thread's line in rank 2's log")
+    assert c.run("bg.join(60)\nbg.is_alive()", ranks=[2], show=False) == {2: "False"}
+    assert nbdist.current().logs("worker2", tail=1) == ["tick from a background thread"]
+    assert "tick from a background thread" not in c.logs(1, tail=None)
