@@ -8,6 +8,7 @@ included; the others run in this process's IPython, where bundles show as text.
 
 from __future__ import annotations
 
+import base64
 import queue
 import time
 
@@ -15,6 +16,7 @@ import pytest
 
 from nbdist.cluster.rich import render_grid
 from nbdist.errors import DistCellError
+from nbdist.proc.protocol import ClearOutput, DisplayData, decode, encode
 
 START = "%load_ext nbdist\n%dist_start 2"
 RANK = "import os\nr = int(os.environ['NBDIST_RANK'])\n"
@@ -78,6 +80,7 @@ def test_plots_from_two_ranks_arrive_as_labelled_pngs_and_side_by_side(kernels):
     assert len(pngs) == 2, [d["data"].keys() for d in _displays(msgs)]
     assert sorted(d["metadata"]["nbdist"]["rank"] for d in pngs) == [1, 2]
     assert sorted(d["metadata"]["nbdist"]["name"] for d in pngs) == ["worker1", "worker2"]
+    assert all(base64.b64decode(d["data"]["image/png"]).startswith(b"\x89PNG") for d in pngs)
     shown = _displays(msgs)
     for png in pngs:  # each picture comes right after its rank's label
         label = shown[shown.index(png) - 1]
@@ -243,3 +246,10 @@ def test_render_grid_puts_each_rank_in_its_column():
     assert 'src="data:image/png;base64,iVBO"' in page
     assert "<b>2</b>" in page and "a &lt; b" in page
     assert page.index("[worker1]") < page.index("[worker2]")
+
+
+def test_display_messages_round_trip():
+    shown = DisplayData(2, {"image/png": "iVBO", "application/json": {"a": [1, 2.5, None]}},
+                        {"image/png": {"width": 320}}, "abc", True, 7)
+    assert decode(encode(shown)) == shown
+    assert decode(encode(ClearOutput(1, True))) == ClearOutput(1, True)
