@@ -57,13 +57,16 @@ def __getattr__(name: str) -> Any:
 
 
 def load_ipython_extension(ipython: Any) -> None:
-    """``%load_ext nbdist``: register the magics."""
+    """``%load_ext nbdist``: register the magics, and start the warm template in the
+    background (unless ``NBDIST_PREWARM=0``) so the first ``%dist_start`` is quick."""
+    from .cluster.session import SESSION
     from .display.magic import register
     from .magics import DistMagics
 
     ipython.register_magics(DistMagics)
     register(ipython)
     ipython.events.register("pre_run_cell", _new_cell)
+    SESSION.prewarm()
 
 
 def _new_cell(*_: Any) -> None:

@@ -4,6 +4,11 @@ the runtime directory, the last settings, and the counters worlds draw from.
 Interpreter exit (atexit) removes the runtime directory first (what a kill would leave),
 then stops the template, which SIGKILLs every worker it forked, then the active world.
 Displays register their own exit handler later, so it runs before this one (LIFO).
+
+Prewarm: ``%load_ext nbdist`` (and ``import nbdist`` inside a Jupyter kernel) start the template
+in the background (``Session.prewarm``), so the first ``%dist_start`` finds torch imported
+already; ``NBDIST_PREWARM=0`` turns it off. The template exits with the notebook, or after
+``NBDIST_TEMPLATE_IDLE`` seconds (default 600) without workers.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import atexit
 import itertools
 import os
 import shutil
+import sys
 import threading
 import time
 from typing import TYPE_CHECKING
@@ -24,7 +30,14 @@ from ..spec import WorldSpec
 if TYPE_CHECKING:
     from .core import Cluster
 
-__all__ = ["SESSION", "Session"]
+__all__ = ["PREWARM_ENV", "SESSION", "Session", "prewarm_enabled"]
+
+PREWARM_ENV = "NBDIST_PREWARM"
+
+
+def prewarm_enabled() -> bool:
+    """Whether the template may be started before the first world (``NBDIST_PREWARM``)."""
+    return os.environ.get(PREWARM_ENV, "1").strip().lower() not in ("0", "false", "off", "no")
 
 
 class Session:
@@ -63,6 +76,18 @@ class Session:
             self.template = Template(self.runtime())
         return self.template
 
+    def prewarm(self) -> bool:
+        """Start the warm template in the background (returns at once) unless
+        ``NBDIST_PREWARM=0``; True when it is starting or running."""
+        if not prewarm_enabled():
+            return False
+        try:
+            self.get_template().ensure_started()
+        except Exception as exc:  # noqa: BLE001 - %dist_start will try again and say why
+            print(f"nbdist: could not prewarm the worker template: {exc}", file=sys.stderr)
+            return False
+        return True
+
     def template_pid(self) -> int | None:
         t = self.template
         return t.pid if t is not None and t.alive() else None
@@ -81,3 +106,19 @@ class Session:
 
 SESSION = Session()
 atexit.register(SESSION.at_exit)
+
+
+def _in_kernel() -> bool:
+    """True inside a Jupyter kernel (not a terminal IPython, not a plain script)."""
+    if "ipykernel" not in sys.modules:
+        return False
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
+
+
+if _in_kernel():
+    SESSION.prewarm()

@@ -1,0 +1,66 @@
+"""``%load_ext nbdist`` starts the warm template in the background, unless NBDIST_PREWARM=0."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import psutil
+
+CHILD = r'''
+import json, sys, time
+from IPython.core.interactiveshell import InteractiveShell
+from traitlets.config import Config
+from nbdist.cluster.session import SESSION
+cfg = Config()
+cfg.HistoryManager.hist_file = ":memory:"
+shell = InteractiveShell.instance(config=cfg)
+t0 = time.perf_counter()
+shell.run_line_magic("load_ext", "nbdist")
+returned = time.perf_counter() - t0
+pid = SESSION.template_pid()
+out = {"returned_s": returned, "template_pid": pid}
+if pid is not None and sys.argv[1] == "start":
+    shell.run_line_magic("dist_start", "2")
+    out["ran"] = shell.run_cell("%%dist\nprint('hi')\n").success
+    shell.run_line_magic("dist_stop", "")
+print("RESULT " + json.dumps(out), flush=True)
+'''
+
+
+def run_child(env_value: str | None, what: str = "look") -> dict:
+    env = dict(os.environ)
+    env.pop("NBDIST_PREWARM", None)
+    if env_value is not None:
+        env["NBDIST_PREWARM"] = env_value
+    proc = subprocess.run([sys.executable, "-c", CHILD, what], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
+    return json.loads(line[len("RESULT "):])
+
+
+def wait_gone(pid: int, timeout: float = 15.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_load_ext_starts_the_template_and_returns_at_once():
+    out = run_child(None, "start")
+    assert out["template_pid"] is not None
+    assert out["returned_s"] < 5.0  # does not wait for torch's import
+    assert out["ran"] is True
+    assert wait_gone(out["template_pid"])  # it exited with its notebook
+
+
+def test_prewarm_off():
+    for value in ("0", "off"):
+        out = run_child(value)
+        assert out["template_pid"] is None
