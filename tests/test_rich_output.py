@@ -202,6 +202,12 @@ def test_magics_help_and_shell_escapes(ipython, capsys):
     assert "[worker1] ['a', 'b']" in out and "[worker2] ['a', 'b']" in out
     ipython.run_cell_magic("dist", "--ranks 2", "len?")
     assert "[worker2] Docstring:" in capsys.readouterr().out
+    # IPython's input transformations and top-level await
+    ipython.run_cell_magic("dist", "--ranks 1", ">>> a = 2\n>>> a * 3")
+    assert "[worker1] 6" in capsys.readouterr().out
+    ipython.run_cell_magic("dist", "--ranks 1",
+                           "import asyncio\nawait asyncio.sleep(0.01)\n'awaited'")
+    assert "[worker1] 'awaited'" in capsys.readouterr().out
 
 
 def test_values_errors_and_underscore_keep_their_meaning(world):

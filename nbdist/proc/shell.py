@@ -108,19 +108,20 @@ def _make_shell() -> Any:
             return None
 
         def system(self, cmd: str) -> None:
-            """``!cmd``: the user's shell with this process's stdout/stderr (no pty, so
-            lines end in ``\\n``); its exit code goes to ``_exit_code`` as in IPython."""
-            import subprocess
-
+            """``!cmd``: the user's shell, its output read here and written to this
+            process's streams as it comes (so it shows in order, before the cell's result);
+            its exit code goes to ``_exit_code`` as in IPython."""
             cmd = self.var_expand(cmd, depth=1)
             _flush_streams()
             try:
-                code = subprocess.call(cmd, shell=True, executable=os.environ.get("SHELL"))
+                code = _run_piped(cmd)
             except KeyboardInterrupt:
                 print("\n" + self.get_exception_only(), file=sys.stderr)
                 code = 130
             self.user_ns["_exit_code"] = -(code - 128) if code > 128 else code
             if self.system_raise_on_error and code:
+                import subprocess
+
                 raise subprocess.CalledProcessError(code, cmd)
 
     cfg = Config()
@@ -198,7 +199,10 @@ def run_cell(code: str, filename: str, exec_id: int) -> Result:
 
 
 def _parse_plain(shell: Any, code: str, filename: str) -> ast.Module | None:
-    if shell.ast_transformers or shell.input_transformers_post:
+    """The cell's tree if the short way can run it: no custom transformers, and no
+    ``await``/``async`` (``ast.parse`` accepts a top-level ``await``; IPython runs it)."""
+    if shell.ast_transformers or shell.input_transformers_post or "async" in code or \
+            "await" in code:
         return None
     try:
         return ast.parse(code, filename, "exec")
@@ -276,6 +280,49 @@ def _rich_formats(shell: Any, value: Any) -> tuple[dict, dict]:
         return formatter.format(value, exclude=("text/plain",))
     except Exception:  # noqa: BLE001 - a broken _repr_*_ leaves the text repr
         return {}, {}
+
+
+def _run_piped(cmd: str) -> int:
+    """Run ``cmd`` in the user's shell, copying its stdout and stderr to ours as they come;
+    Ctrl-C interrupts it (then kills it after 2 s) and is raised again."""
+    import codecs
+    import selectors
+    import signal
+    import subprocess
+
+    proc = subprocess.Popen(cmd, shell=True, executable=os.environ.get("SHELL") or None,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    sel = selectors.DefaultSelector()
+    try:
+        for pipe, stream in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr)):
+            sel.register(pipe, selectors.EVENT_READ,
+                         (stream, codecs.getincrementaldecoder("utf-8")("replace")))
+        while sel.get_map():
+            for key, _ in sel.select():
+                data = os.read(key.fd, 65536)
+                stream, decoder = key.data
+                if not data:
+                    sel.unregister(key.fileobj)
+                    data = b""
+                text = decoder.decode(data, final=not data)
+                if text:
+                    stream.write(text)
+        return proc.wait()
+    except BaseException:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(2.0)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(2.0)
+        raise
+    finally:
+        sel.close()
+        proc.stdout.close()
+        proc.stderr.close()
 
 
 def _from_cell(exc: BaseException, filename: str) -> Any:
