@@ -32,6 +32,28 @@ ARTIFACTS = ROOT / "tests" / "artifacts"
 sys.path.insert(0, str(ROOT / "tests"))
 
 
+# -- markers ----------------------------------------------------------------------------------
+# `slow` for tests in files this module does not own the markers of (the rest carry their own
+# decorators): each takes ~15-30 s on 2 cores; `make test-fast` leaves them out.
+SLOW_ELSEWHERE = {
+    "test_notebook_07.py::test_notebook_07_torchopt_parallel_quick",
+    "test_bounded.py::test_a_million_records_from_four_ranks_cost_under_100_mb",
+    "test_exit_clean.py::test_script_ending_while_the_dashboard_draws_a_file_exits_0",
+    "test_interrupts.py::test_fifty_random_interrupts_leave_the_world_usable",
+    "test_interrupts.py::test_random_interrupts_in_a_real_kernel",
+    "test_autoinit_loopback.py::test_fresh_local_world_listens_on_loopback_only[2]",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Add `slow` to SLOW_ELSEWHERE and `kernel` to every test that takes a kernel fixture."""
+    for item in items:
+        if item.nodeid.split("/")[-1] in SLOW_ELSEWHERE:
+            item.add_marker(pytest.mark.slow)
+        if {"kernel", "kernels"} & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.kernel)
+
+
 # -- helpers ----------------------------------------------------------------------------------
 def wait_until(predicate, timeout: float, what: str, interval: float = 0.02):
     """Poll ``predicate`` until it returns something truthy, and return that.

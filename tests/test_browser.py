@@ -223,6 +223,7 @@ def test_dashboard_updates_live_in_jupyterlab(lab, page):
     assert not wait_gone(pids_before, 15.0), "kernel or workers outlived the kernel shutdown"
 
 
+@pytest.mark.slow
 def test_missing_chromium_is_a_visible_skip_or_a_failure(tmp_path):
     """Without Chromium the browser test is skipped with its reason in the summary; where
     `make browser` installed Chromium (its marker file exists) the same test fails."""

@@ -142,6 +142,8 @@ NOTEBOOK = [
 ]
 
 
+@pytest.mark.slow
+@pytest.mark.kernel
 @pytest.mark.timeout(300)
 def test_headless_notebook_keeps_an_updated_picture(tmp_path):
     path = tmp_path / "dashboard_headless.ipynb"

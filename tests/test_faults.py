@@ -117,6 +117,7 @@ def test_worker_killed_while_idle_is_noticed_reported_and_named(world, capsys):
     assert c.run("40 + 2", ranks=[1], show=False) == {1: "42"}
 
 
+@pytest.mark.slow
 def test_worker_failing_at_startup_is_reported_and_nothing_is_left(monkeypatch):
     monkeypatch.setenv("NBDIST_TEST_FAIL_RANK", "2")
     t0 = time.monotonic()
@@ -202,6 +203,7 @@ def test_dist_timeout_interrupts_and_names_ranks(world):
     assert c.run("'ok'", ranks=[2], show=False) == {2: "'ok'"}
 
 
+@pytest.mark.slow
 def test_start_timeout_leaves_no_joining_thread_and_the_next_start_works(monkeypatch):
     """A rank that never joins: the start fails by its deadline naming it, and rank 0's own
     init_rpc thread ends too (bounded by the same deadline, not torch's 24-day Gloo wait)."""

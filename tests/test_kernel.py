@@ -48,6 +48,7 @@ def test_worker_output_lands_in_the_cell_that_caused_it(kernel):
     assert "[obs1] late line" in rep.stdout, rep
 
 
+@pytest.mark.slow
 def test_interrupt_during_dist_cell_and_blocking_rpc(kernel):
     _start(kernel)
     msg = kernel.send("%%dist\nimport time\nprint('looping', flush=True)\nwhile True:\n"
@@ -94,6 +95,7 @@ def _wait_for_stdout(kernel, msg_id: str, needle: str, timeout: float = 60) -> N
     wait_until(arrived, timeout, f"{needle!r} from the running cell")
 
 
+@pytest.mark.slow
 def test_workers_gone_after_stop_and_temp_files_removed(kernel):
     workers, template, runtime = _start(kernel)
     world_dirs = os.listdir(runtime)
@@ -104,6 +106,7 @@ def test_workers_gone_after_stop_and_temp_files_removed(kernel):
     assert not [d for d in os.listdir(runtime) if d.startswith("w")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["sigkill", "restart", "shutdown"])
 def test_workers_gone_when_kernel_ends(kernel, how):
     workers, template, runtime = _start(kernel)
@@ -120,6 +123,7 @@ def test_workers_gone_when_kernel_ends(kernel, how):
     wait_until(lambda: not os.path.exists(runtime), 10, f"runtime dir {runtime} removed")
 
 
+@pytest.mark.slow
 def test_no_torch_deprecation_noise_but_user_warnings_show(kernel):
     rep = kernel.execute("%load_ext nbdist\n%dist_start 2 --process-group gloo", timeout=120)
     assert rep.status == "ok", rep
@@ -144,6 +148,7 @@ def test_no_torch_deprecation_noise_but_user_warnings_show(kernel):
     assert "UserWarning: mine" in rep3.stderr
 
 
+@pytest.mark.slow
 def test_two_notebooks_run_worlds_at_once(kernels):
     a, b = kernels(), kernels()
     ma, mb = a.send(START), b.send(START)

@@ -29,6 +29,7 @@ __check = (rpc.rpc_sync(last, lambda x: x + 1, args=(1,)), rref.rpc_sync().get()
 '''
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)  # ~30 s on a quiet 2-core machine; generous for a loaded one
 def test_fifty_restarts_in_a_row(ipython):
     ipython.run_cell("class Holder:\n    def __init__(self, v):\n        self.v = v\n"
