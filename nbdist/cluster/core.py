@@ -122,6 +122,7 @@ class Cluster:
             for rank, pid in template.spawn(configs, watch.deadline).items():
                 self.ranks[rank].pid = pid
             watch.accept_all(self._listener)
+            self._listener.close()  # every rank is in: nothing listens for the rest of the world
             self._receiver.start()
             SESSION.current = self
             rpc_hooks.set_death_check(self._check_dest, self._interrupt_dest)
