@@ -86,6 +86,9 @@ class Session:
         except Exception as exc:  # noqa: BLE001 - %dist_start will try again and say why
             print(f"nbdist: could not prewarm the worker template: {exc}", file=sys.stderr)
             return False
+        if "torch.distributed.rpc" not in sys.modules:  # rank 0 needs it too: same time
+            threading.Thread(target=_import_rpc, name="nbdist-prewarm-import",
+                             daemon=True).start()
         return True
 
     def template_pid(self) -> int | None:
@@ -106,6 +109,14 @@ class Session:
 
 SESSION = Session()
 atexit.register(SESSION.at_exit)
+
+
+def _import_rpc() -> None:
+    """Import torch's RPC in the background (a cell importing it meanwhile just waits)."""
+    try:
+        import torch.distributed.rpc  # noqa: F401
+    except Exception:  # noqa: BLE001 - %dist_start imports it again and reports
+        pass
 
 
 def _in_kernel() -> bool:
