@@ -30,6 +30,7 @@ __all__ = ["RichOutput", "render_grid"]
 
 _BLANK = {"text/plain": ""}
 MAX_IDS = 10_000  # worker display ids remembered per rank (for updates)
+CELL_DISPLAYS = int(os.environ.get("NBDIST_CELL_DISPLAYS", "500"))  # new outputs/rank/cell
 _IMAGES = ("image/png", "image/jpeg", "image/gif")
 
 
@@ -68,6 +69,7 @@ class _RankView:
         self.free: list[_Slot] = []  # blanked by a clear; the next displays reuse them
         self.clear_wait = False
         self.ids: dict[str, str] = {}  # the worker's display id -> the notebook's
+        self.count = 0  # new outputs in this cell (reused places not counted)
 
 
 class RichOutput:
@@ -142,6 +144,7 @@ class RichOutput:
         cell = _cell_key()
         if view.cell != cell:  # a new notebook cell: earlier outputs are not this cell's
             view.cell, view.shown, view.free, view.clear_wait = cell, [], [], False
+            view.count = 0
         return view
 
     def _meta(self, rank: int, name: str, metadata: dict) -> dict:
@@ -176,6 +179,14 @@ class RichOutput:
             for other in view.free:  # the rest of what the clear covered goes blank now
                 self._blank(other)
         else:
+            view.count += 1
+            if view.count > CELL_DISPLAYS:  # a flood of displays would freeze the browser
+                if view.count == CELL_DISPLAYS + 1:
+                    Router.write("stderr", f"[{name}] nbdist: more than {CELL_DISPLAYS} "
+                                           "displays from this rank in one cell; the rest are "
+                                           "not shown (clear_output(wait=True) reuses one "
+                                           "place; NBDIST_CELL_DISPLAYS sets the limit)\n")
+                return
             label_id = f"{self._prefix}-{next(self._ids)}"
             if nb_id is None:
                 nb_id = f"{self._prefix}-{next(self._ids)}"
@@ -241,7 +252,8 @@ class RichOutput:
                 if did == msg.display_id:
                     items[i] = (msg.data, did)
             return
-        items.append((msg.data, msg.display_id))
+        if len(items) < CELL_DISPLAYS:
+            items.append((msg.data, msg.display_id))
 
     def _show_grid(self, columns: dict[int, list[tuple[dict, str | None]]]) -> None:
         named = [(self.ranks[r].name if r in self.ranks else f"rank {r}",
