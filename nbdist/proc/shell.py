@@ -107,6 +107,11 @@ def _make_shell() -> Any:
         def showindentationerror(self) -> None:
             return None
 
+        def ask_exit(self) -> None:
+            """``exit()`` in a cell: a worker is ended by ``%dist_stop``, so this is an
+            error the cell reports (``SystemExit``), as before workers spoke IPython."""
+            raise SystemExit(0)
+
         def system(self, cmd: str) -> None:
             """``!cmd``: the user's shell, its output read here and written to this
             process's streams as it comes (so it shows in order, before the cell's result);
