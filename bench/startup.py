@@ -605,7 +605,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cells", type=int, default=None, help="cells per contender (round trip)")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per child process")
     ap.add_argument("--out", type=Path, default=RESULTS_DIR)
+    ap.add_argument("--growth-only", action="store_true",
+                    help="only N = 1..16 growth and the warm first start (startup_growth.*)")
+    ap.add_argument("--no-growth", action="store_true", help="skip growth and first start")
     args = ap.parse_args(argv)
+    if args.growth_only:
+        return _growth(args.out.resolve(), args.quick)
     args.workers = args.workers or ([1, 4] if args.quick else [1, 2, 4, 8])
     args.reps = args.reps or (1 if args.quick else 3)
     args.restarts = args.restarts or 3
@@ -666,7 +671,28 @@ def main(argv: list[str] | None = None) -> int:
     _print_verdict(res)
     print(f"wrote {args.out / 'startup.json'} and {args.out / 'startup.md'} "
           f"in {info['wall_seconds']:.0f}s")
+    if not args.no_growth and _growth(args.out, args.quick):
+        return 1
     return 1 if error else 0
+
+
+def _growth(out: Path, quick: bool) -> int:
+    """N = 1..16 growth and the warm first start (``_startup_growth``); stops what it starts."""
+    import _startup_growth
+
+    from nbdist.cluster.session import SESSION as _cl
+
+    try:
+        _startup_growth.run_and_write(out, quick)
+        return 0
+    except Exception:  # noqa: BLE001 - report, clean up, exit non-zero
+        traceback.print_exc()
+        return 1
+    finally:
+        if _cl.current is not None:
+            _cl.current.stop()
+        if _cl.template is not None:
+            _cl.template.close()
 
 
 def _cleanup(bench: Bench, error: str | None) -> str | None:
