@@ -174,14 +174,25 @@ def _setup_debugger(cfg: dict) -> None:
 
 
 def _flush_streams() -> None:
-    """After each RPC function: printed output and logged metrics go before the reply."""
-    from ..telemetry import records
+    """After each RPC function: printed output and logged metrics go before the reply.
 
-    if _channel is not None:
-        records.flush_worker(_metrics_outbox, _rank)
+    On the path of every RPC reply: no import statement; each step returns at once when
+    nothing was printed or logged (a few microseconds in all)."""
+    global _flush_records
+    chan = _channel
+    if chan is not None:
+        flush = _flush_records
+        if flush is None:
+            from ..telemetry.records import flush_worker
+
+            flush = _flush_records = flush_worker
+        flush(_metrics_outbox, _rank)
         for s in _streams:
             s.flush()
-        _channel.drain(1.0)
+        chan.drain(1.0)
+
+
+_flush_records: Any = None  # telemetry.records.flush_worker, looked up once
 
 
 def _flush_all() -> None:
