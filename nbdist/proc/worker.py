@@ -325,13 +325,6 @@ def _run_cell(ns: dict, code: str, filename: str, exec_id: int) -> Result:
                       f"{type(exc).__name__}: {_safe_str(exc)}\n")
 
 
-def _safe_repr(value: object) -> str:
-    try:
-        return repr(value)
-    except Exception as exc:  # noqa: BLE001 - a broken __repr__ must not kill the worker
-        return f"<{type(value).__name__} object; repr() failed: {exc!r}>"
-
-
 def _safe_str(exc: BaseException) -> str:
     try:
         return str(exc)
