@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import builtins
 import io
+import itertools
 import linecache
 import os
 import pickle
@@ -129,7 +130,7 @@ _fns: dict[int, tuple] = {}  # id(func) -> (func, static parts, digest, global n
 _sent: set[tuple[str, str]] = set()  # (destination name, digest) it holds
 _known: dict[str, tuple] = {}  # digest -> static parts of a function, callee side
 _known_cv = threading.Condition()
-_nonce = [os.urandom(6).hex(), 0]  # this process's digest prefix and counter
+_nonce: list = [os.urandom(6).hex(), itertools.count(1)]  # digest prefix, counter (atomic)
 
 
 class _Tls(threading.local):
@@ -142,7 +143,7 @@ _tls = _Tls()
 
 def _after_fork() -> None:
     """A forked child is a new peer: its own digests, nothing sent, nothing known."""
-    _nonce[:] = [os.urandom(6).hex(), 0]
+    _nonce[:] = [os.urandom(6).hex(), itertools.count(1)]
     _fns.clear()
     _sent.clear()
     _known.clear()
@@ -171,8 +172,7 @@ def _static_of(func: types.FunctionType) -> tuple[tuple, str, tuple]:
     if len(_fns) >= _KEEP_CODES:
         _fns.clear()
         _sent.clear()  # a digest we forget may be given again: send its code again too
-    _nonce[1] += 1
-    digest = f"{_nonce[0]}.{_nonce[1]}"
+    digest = f"{_nonce[0]}.{next(_nonce[1])}"  # next() is atomic: threads never share one
     names = tuple(cloudpickle.cloudpickle._extract_code_globals(func.__code__))
     _fns[id(func)] = (func, static, digest, names)
     return static, digest, names
