@@ -24,7 +24,7 @@ from typing import Any
 
 from ..proc.protocol import ClearOutput, DisplayData
 from .ranks import RankInfo
-from .router import Router
+from .router import Router, in_jupyter
 
 __all__ = ["RichOutput", "render_grid"]
 
@@ -32,15 +32,6 @@ _BLANK = {"text/plain": ""}
 MAX_IDS = 10_000  # worker display ids remembered per rank (for updates)
 CELL_DISPLAYS = int(os.environ.get("NBDIST_CELL_DISPLAYS", "500"))  # new outputs/rank/cell
 _IMAGES = ("image/png", "image/jpeg", "image/gif")
-
-
-def _in_jupyter() -> bool:
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return False
-    ip = get_ipython()
-    return ip is not None and type(ip).__name__ == "ZMQInteractiveShell"
 
 
 def _cell_key() -> Any:
@@ -77,7 +68,7 @@ class RichOutput:
 
     def __init__(self, ranks: dict[int, RankInfo]) -> None:
         self.ranks = ranks
-        self.jupyter = _in_jupyter()
+        self.jupyter = in_jupyter()
         self._lock = threading.RLock()
         self._views: dict[int, _RankView] = {}
         self._ids = itertools.count(1)

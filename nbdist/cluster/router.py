@@ -23,7 +23,7 @@ import threading
 import time
 from typing import Any
 
-__all__ = ["LiveLine", "Router", "StatusLine"]
+__all__ = ["LiveLine", "Router", "StatusLine", "in_jupyter"]
 
 TAIL_LINES = 10_000
 PARTIAL_LIMIT = 1 << 16  # characters of one unfinished line held per rank and stream
@@ -33,7 +33,8 @@ CELL_LINES = int(os.environ.get("NBDIST_CELL_OUTPUT_LINES", "20000"))
 CELL_BYTES = int(float(os.environ.get("NBDIST_CELL_OUTPUT_MB", "5")) * 2**20)
 
 
-def _in_jupyter() -> bool:
+def in_jupyter() -> bool:
+    """Whether this process is a Jupyter kernel (display handles reach a frontend)."""
     try:
         from IPython import get_ipython
     except ImportError:
@@ -89,7 +90,7 @@ class StatusLine:
     """A one-line status updated in place (Jupyter display handle, or ``\r`` on stderr)."""
 
     def __init__(self) -> None:
-        self.jupyter = _in_jupyter()
+        self.jupyter = in_jupyter()
         self.live = LiveLine() if self.jupyter else None
         self.width = 0
         self.shown = False
@@ -141,7 +142,7 @@ class Router:
         self._ranks: dict[int, _RankOut] = {}
         self._lock = threading.RLock()
         self.muted = False
-        self.jupyter = _in_jupyter()
+        self.jupyter = in_jupyter()
         self._terminal = _TerminalLive()
 
     def keep_logs_in(self, log_dir: str) -> None:
