@@ -122,6 +122,7 @@ def rpc_rounds(quick: bool, rounds: int) -> dict:
     """plain vs nbdist, every kind and payload, ``rounds`` interleaved rounds."""
     plan = _plan(quick)
     samples: dict[tuple[str, str, str], list[float]] = {}
+    torch.set_num_threads(1)  # as the plain torch processes do
     with tempfile.TemporaryDirectory(prefix="nbdist-bench-rpc-") as tmp:
         plain = Plain(tmp)
         c = nbdist.start(1, threads=1, quiet=True)
