@@ -106,8 +106,12 @@ def growth(ns: list[int], restarts: int, cells: int) -> dict:
                 lat.append(time.perf_counter() - t)
                 if not ok:
                     raise RuntimeError(f"%%dist failed at N={n}")
-            res["restart_s"][n] = statistics.median(times)
-            res["cell_ms"][n] = statistics.median(lat) * 1e3
+            # best of: on a shared machine others' load only ever adds time (medians kept too)
+            res["restart_s"][n] = min(times)
+            res["cell_ms"][n] = min(statistics.median(lat[i:i + 10]) for i in
+                                    range(0, len(lat), 10)) * 1e3
+            res.setdefault("restart_median_s", {})[n] = statistics.median(times)
+            res.setdefault("cell_median_ms", {})[n] = statistics.median(lat) * 1e3
             print(f"N={n}: restart {res['restart_s'][n]:.3f}s, %%dist "
                   f"{res['cell_ms'][n]:.2f} ms (load {os.getloadavg()[0]:.1f})", flush=True)
     finally:
@@ -157,6 +161,8 @@ def render(res: dict) -> str:
     lines = ["# Start-up: growth with N, and the warm first start", "",
              f"{cores} cores, load {res['load']:.1f} at start. N = 8 and 16 are "
              f"oversubscribed here ({cores} cores): their times include waiting for a core.", "",
+             "Restart: best of the restarts; `%%dist`: best median of blocks of 10 "
+             "(medians of all in the JSON). The fits use these.", "",
              "| N | restart | `%%dist x=1` |", "|---|---|---|"]
     for n in res["growth"]["restart_s"]:
         lines.append(f"| {n} | {res['growth']['restart_s'][n]:.3f} s | "
@@ -197,7 +203,7 @@ def run_and_write(out: Path, quick: bool) -> dict:
     ns = [1, 2, 4, 8, 16]
     cores = os.cpu_count() or 1
     res: dict[str, Any] = {"cores": cores, "load": os.getloadavg()[0], "quick": quick}
-    g = growth(ns, restarts=2 if quick else 3, cells=30 if quick else 100)
+    g = growth(ns, restarts=3 if quick else 5, cells=30 if quick else 100)
     g["fits"] = {}
     for key in ("restart_s", "cell_ms"):
         pts = g[key]
