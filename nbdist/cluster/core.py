@@ -74,6 +74,7 @@ class Cluster:
     def __init__(self, spec: WorldSpec) -> None:
         self.spec = spec
         self.names = spec.names()
+        self._by_name = {nm: r for r, nm in enumerate(self.names)}
         self.state = ClusterState.NEW
         self.started_at = time.time()
         self.startup_seconds = 0.0
@@ -184,11 +185,7 @@ class Cluster:
     def _rank_of(self, dest: Any) -> int | None:
         if isinstance(dest, int):
             return dest if dest in self.ranks else None
-        name = getattr(dest, "name", dest)
-        for r, nm in enumerate(self.names):
-            if nm == name:
-                return r
-        return None
+        return self._by_name.get(getattr(dest, "name", dest))
 
     def _live_worker_names(self) -> list[str]:
         return [i.name for r, i in self.ranks.items() if r and i.alive] if self.running else []

@@ -131,7 +131,7 @@ class Channel:
         """Wait until every frame queued so far has been written; False on timeout/closed."""
         if self._writer is None or self._closed or self._broken is not None:
             return self._writer is None
-        if not self._queue:
+        if not self._queue and not self._queued_bytes:  # nothing queued, nothing mid-write
             return True
         done = threading.Lock()
         done.acquire()
@@ -152,8 +152,6 @@ class Channel:
                 item = queue.popleft()
                 if type(item) is tuple:
                     payload, droppable, seq = item
-                    with self._bytes_lock:
-                        self._queued_bytes -= len(payload)
                     if droppable and seq <= self._drop_upto:
                         self.dropped_bytes += len(payload)
                     elif self._broken is None:
@@ -161,6 +159,8 @@ class Channel:
                             self._write_frame(payload)
                         except OSError as exc:
                             self._broken = exc
+                    with self._bytes_lock:  # only now: drain() counts it pending until here
+                        self._queued_bytes -= len(payload)
                 elif isinstance(item, _LockType):
                     item.release()  # a drain marker
             if self._closed:
