@@ -74,15 +74,28 @@ def _api(base: str, token: str, path: str, method: str = "GET") -> object:
     return json.loads(body) if body else None
 
 
+PROGRESS_CELLS = [
+    "%load_ext nbdist",
+    "%dist_start 2",
+    "%%dist\nimport os, time\ni = 0\n"
+    f"while not os.path.exists({STOP_FILE!r}) and i < 3000:\n"
+    "    print(f'\\rstep {i}', end='', flush=True)\n    i += 1\n    time.sleep(0.1)\n"
+    "print()",
+    "%dist_stop",
+]
+
+
 @pytest.fixture
-def lab(tmp_path):
-    """A private JupyterLab serving ``dash.ipynb``; yields (base url, token, its root)."""
+def lab(tmp_path, request):
+    """A private JupyterLab serving ``dash.ipynb`` (its cells: ``CELLS``, or the test's
+    indirect parameter); yields (base url, token, its root)."""
+    cells = getattr(request, "param", CELLS)
     root = tmp_path / "root"
     root.mkdir()
     nb = nbformat.v4.new_notebook()
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
                                  "language": "python"}
-    nb.cells = [nbformat.v4.new_code_cell(c) for c in CELLS]
+    nb.cells = [nbformat.v4.new_code_cell(c) for c in cells]
     nbformat.write(nb, str(root / "dash.ipynb"))
     port, token = free_port(), secrets.token_hex(16)
     env = dict(os.environ)
@@ -221,6 +234,49 @@ def test_dashboard_updates_live_in_jupyterlab(lab, page):
     for k in kernels:
         _api(base, token, f"/api/kernels/{k['id']}", "DELETE")
     assert not wait_gone(pids_before, 15.0), "kernel or workers outlived the kernel shutdown"
+
+
+def _open_and_run_all(page, base: str, token: str) -> None:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.set_default_timeout(120_000)
+    page.goto(f"{base}/lab/tree/dash.ipynb?token={token}")
+    page.wait_for_selector(".jp-Notebook .jp-Cell")
+    _wait(lambda: "Idle" in page.locator(".jp-StatusBar-TextItem", has_text="|").first
+          .inner_text(), 120, "the kernel to start", page)
+    page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+    page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
+
+
+def _bars(page) -> dict[str, list[str]]:
+    """The text of every output line of the progress cell, by rank."""
+    outs = page.locator(".jp-Notebook .jp-Cell").nth(2).locator(".jp-OutputArea-output")
+    texts = [outs.nth(i).inner_text().strip() for i in range(outs.count())]
+    return {name: [t for t in texts if t.startswith(f"[{name}] step")]
+            for name in ("worker1", "worker2")}
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("lab", [PROGRESS_CELLS], indirect=True)
+def test_progress_bars_update_in_place_per_rank_in_jupyterlab(lab, page):
+    """Issue 8: mid-run, both ranks' \\r progress lines show, one line each, and move."""
+    base, token, lab_root = lab
+    _open_and_run_all(page, base, token)
+    _wait(lambda: all(_bars(page).values()), 180, "both ranks' progress lines", page)
+    first = _bars(page)
+    page.screenshot(path=str(ARTIFACTS / "browser_progress_1.png"), full_page=True)
+    _wait(lambda: _bars(page) != first, 60, "the progress lines to move", page)
+    moving = _bars(page)
+    page.screenshot(path=str(ARTIFACTS / "browser_progress_2.png"), full_page=True)
+    assert _prompt(page, 2) == "[*]:", "the cell ended before the lines moved"
+    assert all(len(lines) == 1 for lines in moving.values()), moving  # one line per rank
+    (lab_root / STOP_FILE).touch()
+    _wait(lambda: _prompt(page, 3).startswith("[") and _prompt(page, 3) not in ("[ ]:", "[*]:"),
+          120, "the notebook to finish", page)
+    final = _bars(page)
+    assert all(len(lines) == 1 for lines in final.values()), final
+    page.screenshot(path=str(ARTIFACTS / "browser_progress_final.png"), full_page=True)
 
 
 @pytest.mark.slow
