@@ -16,6 +16,7 @@ per-world runtime directories and the working directory, naming the test that le
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import sys
 import threading
@@ -341,7 +342,7 @@ def warm_process():
 def leak_guard(request, warm_process):
     """After every test: no child process (but the warm template), no nbdist thread, no new
     open fd (beyond FD_SLACK), no per-world runtime directory, nothing new in the working
-    directory. The failure names the test and what it left."""
+    directory, the SIGINT handler as it was. The failure names the test and what it left."""
     from nbdist.cluster.session import SESSION
     test = request.node.nodeid
     procs, fds = child_pids(), _fds()
@@ -349,8 +350,14 @@ def leak_guard(request, warm_process):
     dirs_before = _world_dirs()
     cwd = os.getcwd()
     cwd_before = set(os.listdir(cwd))
+    sigint_before = signal.getsignal(signal.SIGINT)
     yield
     problems = []
+
+    if signal.getsignal(signal.SIGINT) is not sigint_before:  # Ctrl-C would go elsewhere
+        problems.append(f"SIGINT handler {signal.getsignal(signal.SIGINT)!r} "
+                        f"(was {sigint_before!r})")
+        signal.signal(signal.SIGINT, sigint_before)
 
     template_pid = SESSION.template.pid if SESSION.template is not None else None
     left = wait_gone(child_pids() - procs - {template_pid}, 5.0)
