@@ -236,6 +236,15 @@ def ipython():
 
 
 @pytest.fixture
+def ctrl_c():
+    """Ctrl-C raises KeyboardInterrupt in this process, as in a notebook, even where pytest was
+    started in the background by a non-interactive shell (which leaves SIGINT ignored)."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)
+
+
+@pytest.fixture
 def kernels():
     """A factory for real Jupyter kernels (``kernels()`` → kernel_helpers.Kernel); every one
     is shut down after the test, whatever happened."""

@@ -153,7 +153,7 @@ def _interrupt_when(ready, what: str) -> list:
     return sent
 
 
-def test_ctrl_c_during_dist_cell_returns_fast_and_world_stays_usable(world):
+def test_ctrl_c_during_dist_cell_returns_fast_and_world_stays_usable(world, ctrl_c):
     c = world(2)
     c.run("import os, tempfile\nflag = tempfile.mktemp()", ranks=[1], show=False)
     flag = c.run("flag", ranks=[1], show=False)[1].strip("'")
@@ -167,7 +167,7 @@ def test_ctrl_c_during_dist_cell_returns_fast_and_world_stays_usable(world):
     assert c.run("'still here'", show=False) == {1: "'still here'", 2: "'still here'"}
 
 
-def test_ctrl_c_during_blocking_rpc_interrupts_remote_work(world):
+def test_ctrl_c_during_blocking_rpc_interrupts_remote_work(world, ctrl_c):
     import torch.distributed.rpc as rpc
 
     c = world(1)
