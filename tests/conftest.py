@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 # -- markers ----------------------------------------------------------------------------------
 # `slow` for tests in files this module does not own the markers of (the rest carry their own
-# decorators): each takes ~15-30 s on 2 cores; `make test-fast` leaves them out.
+# decorators): notebook runs and tests of ~6-30 s on 2 cores; `make test-fast` leaves them out.
 SLOW_ELSEWHERE = {
     "test_notebook_07.py::test_notebook_07_torchopt_parallel_quick",
     "test_bounded.py::test_a_million_records_from_four_ranks_cost_under_100_mb",
@@ -43,6 +43,9 @@ SLOW_ELSEWHERE = {
     "test_interrupts.py::test_fifty_random_interrupts_leave_the_world_usable",
     "test_interrupts.py::test_random_interrupts_in_a_real_kernel",
     "test_autoinit_loopback.py::test_fresh_local_world_listens_on_loopback_only[2]",
+    "test_autoinit_loopback.py::test_loopback_even_where_the_host_name_resolves_elsewhere",
+    "test_notebook_00.py::test_quickstart_runs_headless_and_passes_its_checks",
+    "test_output_live.py::test_nbconvert_keeps_one_output_per_rank_with_the_final_state",
 }
 
 

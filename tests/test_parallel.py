@@ -498,6 +498,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow
 def test_auto_init_rpc_under_torchrun_environment(tmp_path: Path):
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
