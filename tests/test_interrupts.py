@@ -118,7 +118,7 @@ def _check_world(c, names: dict[int, str], pids: dict[int, int]) -> None:
         time.sleep(0.05)
 
 
-def test_fifty_random_interrupts_leave_the_world_usable(world):
+def test_fifty_random_interrupts_leave_the_world_usable(world, ctrl_c):
     import torch.distributed.rpc as rpc
 
     seed = _seed()
