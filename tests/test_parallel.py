@@ -130,10 +130,11 @@ def test_partitioners_pickle(env_world):
 
 
 def test_mean_reducer_weights_uneven_partitions():
-    x = torch.randn(7, 3)
+    x = torch.randn(7, 3, generator=torch.Generator().manual_seed(0))
     chunks = [x[:3], x[3:5], x[5:]]
     means = PartitionResults([c.mean(0) for c in chunks], sizes=[3, 2, 2])
-    assert torch.allclose(todist.mean_reducer(means), x.mean(0))
+    # float32 sums in another order: equal to rounding (a mean near 0 has no relative slack)
+    assert torch.allclose(todist.mean_reducer(means), x.mean(0), atol=1e-6)
     # what TorchOpt computes (unweighted) is not the batch mean: the test above can fail
     assert not torch.allclose(torch.stack(list(means)).mean(0), x.mean(0))
     # a plain list (no sizes) is averaged equally, as in TorchOpt
