@@ -91,3 +91,16 @@ class Kernel:
                 self.km.shutdown_kernel(now=True)
             else:
                 self.km.cleanup_resources()
+
+
+def kernel_with_world(start: str, timeout: float = 180):
+    """Generator for a module-scoped fixture: a kernel that ran ``start`` (loads nbdist and
+    starts a world); the world is stopped and the kernel closed afterwards, whatever happens."""
+    k = Kernel()
+    try:
+        rep = k.execute(start, timeout=timeout)
+        assert rep.status == "ok", rep
+        yield k
+        k.execute("%dist_stop", timeout=60)
+    finally:
+        k.close()

@@ -10,7 +10,7 @@ import queue
 import time
 
 import pytest
-from kernel_helpers import Kernel
+from kernel_helpers import Kernel, kernel_with_world
 
 pytestmark = pytest.mark.kernel
 
@@ -19,12 +19,7 @@ START = "%load_ext nbdist\n%dist_start 2\nimport nbdist, torch.distributed.rpc a
 
 @pytest.fixture(scope="module")
 def kernel():
-    k = Kernel()
-    rep = k.execute(START, timeout=180)
-    assert rep.status == "ok", rep
-    yield k
-    k.execute("%dist_stop", timeout=60)
-    k.close()
+    yield from kernel_with_world(START)
 
 
 def _run(k: Kernel, code: str, answers: list[str], timeout: float = 60,

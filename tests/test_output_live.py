@@ -13,7 +13,7 @@ import queue
 import time
 
 import pytest
-from kernel_helpers import Kernel
+from kernel_helpers import Kernel, kernel_with_world
 
 import nbdist
 
@@ -22,12 +22,7 @@ START = "%load_ext nbdist\n%dist_start 2\nimport nbdist, torch.distributed.rpc a
 
 @pytest.fixture(scope="module")
 def kernel():
-    k = Kernel()
-    rep = k.execute(START, timeout=180)
-    assert rep.status == "ok", rep
-    yield k
-    k.execute("%dist_stop", timeout=60)
-    k.close()
+    yield from kernel_with_world(START)
 
 
 def _messages(k: Kernel, code: str, timeout: float = 120) -> tuple[list[tuple], float]:
