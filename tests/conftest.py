@@ -75,6 +75,14 @@ def wait_until(predicate, timeout: float, what: str, interval: float = 0.02):
         time.sleep(interval)
 
 
+def ev(shell, expr: str):
+    """Evaluate ``expr`` as a cell of the IPython ``shell``; its value, or its error raised."""
+    res = shell.run_cell(f"__out = {expr}")
+    if not res.success:
+        raise res.error_in_exec or res.error_before_exec
+    return shell.user_ns["__out"]
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket() as s:

@@ -4,6 +4,7 @@ and is named by digest afterwards, yet what runs is always the function as it is
 from __future__ import annotations
 
 import pytest
+from conftest import ev
 
 SETUP = '''
 import torch
@@ -20,13 +21,6 @@ def shell(ipython):
     ipython.run_line_magic("dist_start", "3 --name agent --worker-name obs{rank}")
     assert ipython.run_cell(SETUP).success
     return ipython
-
-
-def ev(shell, expr):
-    res = shell.run_cell(f"__out = {expr}")
-    if not res.success:
-        raise res.error_in_exec or res.error_before_exec
-    return shell.user_ns["__out"]
 
 
 def on_every_rank(shell, call: str) -> list:

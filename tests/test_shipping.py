@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from conftest import ev
 
 TUTORIAL_STYLE = '''
 import threading
@@ -76,13 +77,6 @@ def shell(ipython):
     result = ipython.run_cell(TUTORIAL_STYLE)
     assert result.success
     return ipython
-
-
-def ev(shell, expr):
-    res = shell.run_cell(f"__out = {expr}")
-    if not res.success:
-        raise res.error_in_exec or res.error_before_exec
-    return shell.user_ns["__out"]
 
 
 def test_notebook_function_in_rpc_sync_and_async(shell):

@@ -18,14 +18,13 @@ import pdb
 import queue
 import sys
 import threading
-import traceback
 from collections.abc import Callable
 from types import FrameType, TracebackType
 from typing import Any
 
 from .protocol import DebugEnd, DebugPrompt, Message
 
-__all__ = ["Debugger", "RemotePdb", "format_failure"]
+__all__ = ["Debugger", "RemotePdb"]
 
 ATTEND_WAIT = 3.0  # seconds a breakpoint waits to learn whether the notebook attends
 
@@ -172,8 +171,3 @@ class Debugger:
         except BaseException:
             close()
             raise
-
-
-def format_failure(exc: BaseException, tb: TracebackType | None) -> str:
-    """The traceback text of a remembered failure."""
-    return "".join(traceback.format_exception(type(exc), exc, tb))
