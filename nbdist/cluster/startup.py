@@ -30,6 +30,8 @@ from .router import Router, StatusLine
 
 __all__ = ["Rank0", "StartWatch", "worker_config"]
 
+_DEADLINE_SLACK = 0.5  # a torch wait ending this close to the start deadline is its timeout
+
 
 def worker_config(spec: WorldSpec, names: list[str], rank: int, world_dir: str, socket: str,
                   key: bytes, epoch: int) -> dict:
@@ -69,9 +71,12 @@ class StartWatch:
                                      f"{info.failure}")
                 raise WorkerDiedError(r, info.name, info.reason(), what)
         if time.monotonic() > self.deadline:
-            who = ", ".join(self.ranks[r].label() for r in sorted(waiting))
-            raise DistTimeoutError(f"timed out after {self.timeout:g}s waiting for {who} to "
-                                   f"{what}")
+            raise self.timed_out(waiting, what)
+
+    def timed_out(self, waiting: set[int], what: str) -> DistTimeoutError:
+        """The error for a deadline that passed while ``waiting`` had not done ``what``."""
+        who = ", ".join(self.ranks[r].label() for r in sorted(waiting))
+        return DistTimeoutError(f"timed out after {self.timeout:g}s waiting for {who} to {what}")
 
     def accept_all(self, listener: Listener) -> None:
         """Take one authenticated connection per worker; strays are dropped, not fatal."""
@@ -197,6 +202,12 @@ class Rank0:
                 watch.check(workers, what)
         self.joiner = None
         if "error" in box:
+            # torch's own waits are bounded by the same deadline, so they can end a moment
+            # before this loop sees it pass: a rank that died or a deadline that passed
+            # explains the failure better than Gloo's bare "Wait timeout"
+            watch.check(workers, what)
+            if time.monotonic() > watch.deadline - _DEADLINE_SLACK:
+                raise watch.timed_out(workers, what) from box["error"]
             raise box["error"]
 
     def leave(self) -> None:
