@@ -23,6 +23,7 @@ __all__ = [
     "HEADER",
     "MAX_FRAME",
     "VERSION",
+    "AgentReady",
     "ClearOutput",
     "Debug",
     "DebugEnd",
@@ -36,6 +37,7 @@ __all__ = [
     "Flush",
     "Flushed",
     "FramingError",
+    "Heartbeat",
     "Hello",
     "Interrupt",
     "Kill",
@@ -48,6 +50,8 @@ __all__ = [
     "Spawn",
     "Spawned",
     "Stop",
+    "StoreOp",
+    "StoreReply",
     "TemplateReady",
     "decode",
     "encode",
@@ -307,6 +311,52 @@ class Exit(Message):
     """N→T: kill every worker, remove the runtime directory, exit."""
 
     TAG: ClassVar[str] = "exit"
+
+
+# ---- notebook <-> join agent on another host (the template's remote twin; also takes the
+# ---- template's Spawn, Spawned, Exited, Kill and Exit) --------------------------------------
+@_message
+class AgentReady(Message):
+    """A→N: the agent for ``host`` imported torch; its ranks use ``iface`` (``address``)."""
+
+    TAG: ClassVar[str] = "agent-ready"
+    host: str
+    pid: int
+    hostname: str
+    iface: str
+    address: str
+
+
+@_message
+class Heartbeat(Message):
+    """A↔N: still here (a link that went silent is a host lost, on either side)."""
+
+    TAG: ClassVar[str] = "heartbeat"
+    load: float = 0.0
+    mem_mb: float = 0.0
+
+
+# ---- a rank <-> the notebook's rendezvous store (host worlds) -------------------------------
+@_message
+class StoreOp(Message):
+    """R→N: one ``torch.distributed.Store`` operation on the world's rendezvous store."""
+
+    TAG: ClassVar[str] = "store-op"
+    op: str
+    key: str = ""
+    value: bytes = b""
+    keys: tuple = ()
+    number: int = 0
+    timeout: float = 0.0
+
+
+@_message
+class StoreReply(Message):
+    """N→R: the operation's result, or ``error`` (a timeout names the keys)."""
+
+    TAG: ClassVar[str] = "store-reply"
+    value: Any = None
+    error: str = ""
 
 
 # ---- coding -----------------------------------------------------------------------------------
