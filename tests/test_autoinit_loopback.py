@@ -21,7 +21,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import ROOT
+from conftest import ROOT, free_port
 
 SCRIPT = """
 import json
@@ -47,12 +47,6 @@ if __name__ == "__main__":
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _non_loopback_ipv4() -> str | None:
     for addrs in psutil.net_if_addrs().values():
         for a in addrs:
@@ -68,7 +62,7 @@ def _run_world(tmp_path: Path, n: int, prefix: list[str] | None = None) -> list[
             if k not in ("TP_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "MASTER_ADDR", "MASTER_PORT",
                          "RANK", "WORLD_SIZE")}
     base.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    port = str(_free_port())
+    port = str(free_port())
     procs = []
     for rank in range(n):
         env = dict(base)

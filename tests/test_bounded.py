@@ -6,24 +6,14 @@ from __future__ import annotations
 
 import gc
 import threading
-import time
 
 import psutil
 import pytest
 import torch.distributed.rpc as rpc
+from conftest import wait_until
 
 import nbdist
 from nbdist.telemetry import records, tracing
-
-
-def _wait_for(pred, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 @pytest.fixture(autouse=True)
@@ -63,7 +53,7 @@ def test_values_that_cannot_cross_arrive_as_their_repr(world):
     # the flusher and the receiver are still alive: a record logged in the background arrives
     c.run("import threading, nbdist\n"
           "threading.Thread(target=lambda: nbdist.log(step=9, late=True)).start()", show=False)
-    _wait_for(lambda: len(nbdist.history(key="late")) == 2, 5.0, "records logged afterwards")
+    wait_until(lambda: len(nbdist.history(key="late")) == 2, 5.0, "records logged afterwards")
 
 
 def test_rank0_keeps_values_as_they_are():

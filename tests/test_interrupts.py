@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
+from conftest import wait_until
 from kernel_helpers import Kernel
 
 ROUNDS = 50
@@ -107,15 +108,16 @@ def _check_world(c, names: dict[int, str], pids: dict[int, int]) -> None:
         for _ in range(3):  # different pool threads: a stale interrupt would hit one of them
             pid = rpc.rpc_sync(name, os.getpid, timeout=CHECK_TIMEOUT)
             assert pid == pids[rank], f"rpc_sync to {name} returned {pid}"
-    deadline = time.monotonic() + 5.0
-    while True:  # the interrupted RPC function must have left the callee's bookkeeping
-        active = c.run(_ACTIVE, timeout=CHECK_TIMEOUT, show=False)
-        if active == {1: "0", 2: "0"}:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"RPC functions still registered as running after 5 s: "
-                                 f"{active} (rank -> count)")
-        time.sleep(0.05)
+    active = {}
+
+    def none_running() -> bool:  # the interrupted RPC function left the callee's bookkeeping
+        active.update(c.run(_ACTIVE, timeout=CHECK_TIMEOUT, show=False))
+        return active == {1: "0", 2: "0"}
+
+    try:
+        wait_until(none_running, 5.0, "no RPC function registered as running")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; still running: {active} (rank -> count)") from None
 
 
 def test_fifty_random_interrupts_leave_the_world_usable(world, ctrl_c):

@@ -3,11 +3,10 @@ gathers the workers' calls on rank 0; tracing can be switched off everywhere."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 import torch.distributed.rpc as rpc
+from conftest import wait_until
 
 from nbdist.telemetry import tracing
 
@@ -30,12 +29,16 @@ def zeros(n):
 
 
 def _wait_total(n: int, timeout: float = 5.0, **filters) -> tracing.RpcStats:
-    deadline = time.monotonic() + timeout
-    while True:
+    """The traces once ``n`` calls have arrived (rank 0's own calls are recorded as their
+    futures complete, workers' calls arrive with their records)."""
+    def enough():
         stats = tracing.rpc_stats(**filters)
-        if stats.total() >= n or time.monotonic() > deadline:
-            return stats
-        time.sleep(0.02)
+        return stats if stats.total() >= n else None
+
+    try:
+        return wait_until(enough, timeout, f"{n} traced RPCs")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; traced:\n{tracing.rpc_stats(**filters)}") from None
 
 
 @pytest.fixture(autouse=True)
@@ -62,7 +65,7 @@ def test_every_kind_of_call_is_traced_with_caller_callee_name_latency_bytes(worl
     big = rpc.remote("worker1", zeros, args=(1000,))
     assert big.to_here().shape == (1000,)
 
-    stats = _wait_total(10 + 5 + 1 + 1 + 3 + 1 + 1 + 1 + 1 + 1)
+    stats = _wait_total(10 + 5 + 1 + 1 + 3 + 1 + 1 + 1 + 1)  # the counts asserted below
     row = stats.get("worker0", "worker1", "echo")
     assert row is not None and row["count"] == 10, str(stats)
     assert 0 < row["p50_ms"] <= row["p95_ms"] <= row["max_ms"] < 60_000
