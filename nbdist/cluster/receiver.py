@@ -17,6 +17,7 @@ from ..proc.protocol import (
     ClearOutput,
     DebugEnd,
     DebugPrompt,
+    DisplayChunk,
     DisplayData,
     Failed,
     Flushed,
@@ -187,6 +188,11 @@ class Receiver:
         elif isinstance(msg, (DisplayData, ClearOutput)):
             self.router.flush(info.rank)  # what it printed before shows before
             self.cells.rich.show(info.rank, info.name, msg)
+        elif isinstance(msg, DisplayChunk):  # a piece of a big display: shown when complete
+            whole = self.cells.rich.piece(info.rank, msg)
+            if whole is not None:
+                self.router.flush(info.rank)
+                self.cells.rich.show(info.rank, info.name, whole)
         elif isinstance(msg, (DebugPrompt, DebugEnd)):
             self.cells.desk.arrived(msg)
         elif isinstance(msg, Failed):

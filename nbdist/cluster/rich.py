@@ -6,7 +6,8 @@ its metadata, after a small label output naming the rank. Every output shown get
 id, so a rank's ``clear_output`` blanks that rank's outputs of the running cell only, and
 its next displays reuse those places (an animation stays in place); a worker's own display
 ids map to notebook display ids per rank, so ``handle.update(...)`` on a worker updates its
-output here. Outside Jupyter a bundle is written as ``[name] <text/plain>``.
+output here. Outside Jupyter a bundle is written as ``[name] <text/plain>``. A big display
+arrives in ``DisplayChunk`` pieces (``piece`` joins them) and shows when the last one is in.
 
 ``%%dist --grid`` gathers the target ranks' bundles of one cell and shows them at its end as
 one HTML table, a column per rank (``render_grid``, a pure function).
@@ -22,7 +23,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from ..proc.protocol import ClearOutput, DisplayData
+from ..proc.protocol import ClearOutput, DisplayChunk, DisplayData, ProtocolError, decode
 from .ranks import RankInfo
 from .router import Router, in_jupyter
 
@@ -32,6 +33,8 @@ _BLANK = {"text/plain": ""}
 MAX_IDS = 10_000  # worker display ids remembered per rank (for updates)
 CELL_DISPLAYS = int(os.environ.get("NBDIST_CELL_DISPLAYS", "500"))  # new outputs/rank/cell
 _IMAGES = ("image/png", "image/jpeg", "image/gif")
+PENDING = 8  # displays per rank whose pieces are still arriving (older ones are dropped)
+MAX_PIECES = 4096  # pieces of one display (256 KB each: 1 GB, far past the display limit)
 
 
 def _cell_key() -> Any:
@@ -77,6 +80,8 @@ class RichOutput:
         self._grid_clear: set[int] = set()
         self._hide_results: set[int] = set()
         self._results: set[tuple[int, int]] = set()  # (exec id, rank) shown as a bundle
+        self._pieces: dict[tuple[int, int], list[bytes]] = {}  # (rank, bundle) -> pieces
+        self.assembled = 0  # displays that arrived in pieces (for tests and status)
 
     # -- a %%dist cell ------------------------------------------------------------------------
     @contextmanager
@@ -109,6 +114,31 @@ class RichOutput:
             return False
 
     # -- from the receiver --------------------------------------------------------------------
+    def piece(self, rank: int, msg: DisplayChunk) -> DisplayData | None:
+        """Keep one piece of a big display; the whole ``DisplayData`` once the last piece is
+        in (then ``show`` it), else None. Pieces out of step drop that display."""
+        with self._lock:
+            key = (rank, msg.bundle)
+            if msg.index == 0:
+                self._pieces[key] = []
+                mine = [k for k in self._pieces if k[0] == rank]
+                if len(mine) > PENDING:  # a display whose sender was interrupted
+                    del self._pieces[mine[0]]
+            parts = self._pieces.get(key)
+            if parts is None or msg.index != len(parts) or not 0 < msg.total <= MAX_PIECES:
+                self._pieces.pop(key, None)
+                raise ProtocolError(f"piece {msg.index} of {msg.total} of a display out of "
+                                    "step; that display was dropped")
+            parts.append(msg.piece)
+            if len(parts) < msg.total:
+                return None
+            del self._pieces[key]
+        whole = decode(b"".join(parts))
+        if not isinstance(whole, DisplayData):
+            raise ProtocolError(f"pieces of a display that make a {whole.TAG!r} message")
+        self.assembled += 1
+        return whole
+
     def show(self, rank: int, name: str, msg: DisplayData | ClearOutput) -> None:
         """One rich output or clear from ``rank``, in the running cell."""
         with self._lock:

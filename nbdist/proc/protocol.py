@@ -417,3 +417,22 @@ def frame_length(header: bytes) -> int:
         raise FramingError(f"a frame header announcing {n} bytes (limit {MAX_FRAME}): "
                            "the stream is out of step")
     return n
+
+
+# ---- big displays -----------------------------------------------------------------------------
+@_message
+class DisplayChunk(Message):
+    """W→N: piece ``index`` of ``total`` of a big display: the pieces, joined, are the payload
+    of one ``DisplayData`` frame (``encode``), which the notebook decodes and shows when the
+    last piece arrives. Each piece is a whole frame of its own, so the rank's printed output
+    and the other ranks' messages are not held up behind one huge frame."""
+
+    TAG: ClassVar[str] = "display-chunk"
+    rank: int
+    bundle: int
+    index: int
+    total: int
+    piece: bytes
+
+
+__all__ += ["DisplayChunk"]

@@ -8,8 +8,10 @@ instruction, ``display()`` inside RPC functions included, at no cost per worker.
 What the shell displays (``display()``, figures of the inline matplotlib backend, a cell's
 last value when it has a rich repr) is sent to the notebook as ``DisplayData``; binary
 values travel base64-encoded as Jupyter's wire format has them; a bundle over ``LIMIT`` bytes
-is replaced by a note naming the rank and the size; widget views (which need the notebook's
-comm) become their text repr and a note. ``clear_output`` is sent as ``ClearOutput``.
+is replaced by a note naming the rank and the size; a bundle over ``CHUNK`` bytes travels as
+``DisplayChunk`` pieces (whole frames, so the channel never carries one huge frame); widget
+views (which need the notebook's comm) become their text repr and a note. ``clear_output`` is
+sent as ``ClearOutput``.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import ast
 import base64
 import builtins
+import itertools
 import linecache
 import os
 import sys
@@ -25,11 +28,12 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-from .protocol import ClearOutput, DisplayData, Message, Result
+from .protocol import ClearOutput, DisplayChunk, DisplayData, Message, Result, encode
 
 __all__ = ["LIMIT", "MPL_INLINE", "bind", "main_module", "preload", "run_cell"]
 
 LIMIT = 10 * 2**20  # bytes of one display; NBDIST_DISPLAY_MB in the notebook sets it
+CHUNK = 256 * 2**10  # a display bigger than this travels in pieces of this size
 MPL_INLINE = "module://matplotlib_inline.backend_inline"
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 _NOTHING = object()
@@ -38,6 +42,7 @@ _shell: Any = None  # the worker's shell (one per process)
 _send: Callable[[Message], None] | None = None
 _rank = -1
 _name = ""
+_bundles = itertools.count(1)  # numbers the displays sent in pieces
 
 
 def _make_shell() -> Any:
@@ -368,8 +373,31 @@ def _publish(data: dict, metadata: dict | None, display_id: str | None, update: 
                                 "NBDIST_DISPLAY_MB sets it)"}
         metadata = {}
     _flush_streams()  # what was printed before the display shows before it
-    _deliver(DisplayData(_rank, bundle, _plain(metadata or {}), display_id, bool(update),
-                         result_of))
+    msg = DisplayData(_rank, bundle, _plain(metadata or {}), display_id, bool(update),
+                      result_of)
+    if size > CHUNK:
+        _deliver_pieces(msg)
+    else:
+        _deliver(msg)
+
+
+def _deliver_pieces(msg: DisplayData) -> None:
+    """A big display as ``DisplayChunk`` frames of ``CHUNK`` bytes: the notebook reads the
+    other ranks' messages between them, and shows the display when the last one arrives.
+    Printed output sent after the display still comes after it (one channel, in order)."""
+    if _send is None:
+        return
+    payload = encode(msg)
+    if len(payload) <= CHUNK:
+        _deliver(msg)
+        return
+    bundle, total = next(_bundles), -(-len(payload) // CHUNK)
+    view = memoryview(payload)
+    for i in range(total):
+        try:
+            _send(DisplayChunk(_rank, bundle, i, total, bytes(view[i * CHUNK:(i + 1) * CHUNK])))
+        except OSError:  # blocked or closed: the notebook drops the unfinished display
+            return
 
 
 def _size(n: int) -> str:
