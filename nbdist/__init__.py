@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .cluster import Cluster, current, start, stop
+from .cluster import Cluster, current, release_hosts, start, stop
 from .errors import (
     ClusterStateError,
     DistCellError,
@@ -41,6 +41,7 @@ __all__ = [
     "history_frame",
     "load_ipython_extension",
     "log",
+    "release_hosts",
     "rpc_stats",
     "start",
     "stop",

@@ -35,6 +35,16 @@ def _start_args(f: Any) -> Any:
                  help="also start a torch.distributed process group over the same ranks"),
         argument("--start-timeout", type=float, default=None,
                  help="give up starting after this many seconds (default 60)"),
+        argument("--hosts", default=None,
+                 help="ranks on other machines after the local ones: HOST:K[,HOST:K...], or "
+                      "slurm[:K] for the current SLURM allocation (restart: none drops them)"),
+        argument("--iface", default=None,
+                 help="with --hosts: this machine's interface or address the hosts reach"),
+        argument("--launcher", default=None,
+                 help="with --hosts: ssh (default), srun, or a template with {host} and "
+                      "{command}, e.g. 'ip netns exec {host} {command}'"),
+        argument("--remote-python", default=None,
+                 help="with --hosts: the Python on the hosts (default: this one's path)"),
     ]):
         f = dec(f)
     return f
@@ -84,10 +94,15 @@ def _parse(magic_fn: Any, line: str, magic: str, ns: dict | None = None) -> Any:
 
 
 def _settings(args: Any) -> dict:
+    hosts = args.hosts
+    if hosts is not None and hosts.strip().lower() in ("none", "local", ""):
+        hosts = ()
     return {k: v for k, v in {
         "name": args.name, "worker_name": args.worker_name, "threads": args.threads,
         "rpc_timeout": args.rpc_timeout, "process_group": args.process_group,
-        "start_timeout": args.start_timeout}.items() if v is not None}
+        "start_timeout": args.start_timeout, "hosts": hosts, "iface": args.iface,
+        "launcher": args.launcher, "remote_python": args.remote_python}.items()
+        if v is not None}
 
 
 def _require() -> _cluster.Cluster:
@@ -154,25 +169,30 @@ class DistMagics(Magics):
 
     @line_magic
     def dist_stop(self, line: str) -> None:
-        """Stop the world: every worker process ends; RPC here is ready for a new world."""
-        if line.strip():
-            raise UsageError("%dist_stop takes no arguments")
+        """Stop the world: every worker process ends; RPC here is ready for a new world.
+        ``--hosts`` also ends the join agents kept warm on other hosts."""
+        if line.strip() not in ("", "--hosts"):
+            raise UsageError("%dist_stop takes no arguments but --hosts")
         c = _cluster.current()
         if c is None:
             print("nbdist: no world is running")
-            return
-        c.stop()
-        print("nbdist: stopped")
+        else:
+            c.stop()
+            print("nbdist: stopped")
+        if line.strip() == "--hosts":
+            n = _cluster.release_hosts()
+            print(f"nbdist: ended the agents on {n} host{'s' if n != 1 else ''}")
 
     @line_magic
     def dist_status(self, line: str) -> Any:
-        """A table of every rank: pid, alive or how it died, CPU %, memory, uptime."""
-        if line.strip():
-            raise UsageError("%dist_status takes no arguments")
+        """A table of every rank: pid, alive or how it died, CPU %, memory, uptime (and host,
+        when the world spans hosts); ``--hosts``: one line per host."""
+        if line.strip() not in ("", "--hosts"):
+            raise UsageError("%dist_status takes no arguments but --hosts")
         c = SESSION.current
         if c is None or not c.ranks:
             raise UsageError("no nbdist world is running; start one with `%dist_start N`")
-        return c.status()
+        return c.hosts_status() if line.strip() == "--hosts" else c.status()
 
     @magic_arguments()
     @argument("rank", nargs="?", default=None,

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
-__all__ = ["WorldSpec", "max_workers", "parse_ranks"]
+__all__ = ["WorldSpec", "max_workers", "parse_hosts", "parse_ranks"]
 
 _NAME = re.compile(r"^[A-Za-z0-9_:\-]{1,127}$")
+_HOST = re.compile(r"^[A-Za-z0-9_.@\-]{1,253}$")
+_LAUNCHERS = {"ssh": "{host} {command}", "srun": "{host} {command}"}  # built in (proc.hosts)
 # A worker costs roughly this much memory of its own (private pages after fork from the warm
 # template, RPC agent and threads); measured on torch 2.13 CPU, rounded up.
 WORKER_MB = 160
@@ -41,13 +45,18 @@ class WorldSpec:
     process_group: str | None = None
     start_timeout: float = 60.0
     env: dict = field(default_factory=dict, compare=False)
+    hosts: tuple = ()  # ((host, ranks), ...): ranks after the local ones, in this order
+    iface: str | None = None  # the notebook's interface or address that the hosts reach
+    launcher: str = "ssh"  # ssh, srun, or a template with {host} and {command}
+    remote_python: str | None = None  # the Python on the hosts (default: this one's path)
 
     def validate(self) -> WorldSpec:
         n = self.n
         if isinstance(n, bool) or not isinstance(n, int):
             raise ValueError(f"the number of workers must be a whole number, got {n!r}; "
                              "for example `%dist_start 4`")
-        if n < 1:
+        self._validate_hosts()
+        if n < (0 if self.hosts else 1):
             raise ValueError(f"the number of workers must be at least 1, got {n}; the notebook "
                              "is rank 0 and workers are ranks 1..N, e.g. `%dist_start 2`")
         limit = max_workers()
@@ -79,15 +88,40 @@ class WorldSpec:
             seen[nm] = rank
         return self
 
+    def _validate_hosts(self) -> None:
+        if not self.hosts:
+            return
+        for host, count in self.hosts:
+            if not isinstance(host, str) or not _HOST.match(host):
+                raise ValueError(f"invalid host {host!r} in --hosts: write HOST:K[,HOST:K...], "
+                                 "e.g. `--hosts node1:4,node2:4`")
+            if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+                raise ValueError(f"host {host!r} needs at least one rank, got {count!r}")
+        if len({h for h, _ in self.hosts}) != len(self.hosts):
+            raise ValueError("a host is named twice in --hosts; give each host once with its "
+                             "count, e.g. `--hosts node1:4`")
+        if not self.iface:
+            raise ValueError("--hosts needs --iface: the notebook's interface or address that "
+                             "the hosts reach (nbdist never guesses, never listens on all "
+                             "interfaces), e.g. `--iface eth0` or `--iface 10.0.0.5`")
+        if "{command}" not in _LAUNCHERS.get(self.launcher, self.launcher):
+            raise ValueError(f"--launcher {self.launcher!r} is not ssh, srun, or a template "
+                             "with {host} and {command}, e.g. 'ip netns exec {host} {command}'")
+
+    def placement(self) -> list[str | None]:
+        """The host of each rank: None for the notebook's machine."""
+        return [None] * (self.n + 1) + [h for h, k in self.hosts for _ in range(k)]
+
     def names(self) -> list[str]:
         """Rank 0's name, then each worker's, formatted from ``worker_name``."""
         fmt = self.worker_name
-        if "{rank}" not in fmt and self.n > 1:
-            raise ValueError(f"--worker-name {fmt!r} has no {{rank}}, so {self.n} workers would "
-                             "share one name; use e.g. `--worker-name obs{rank}` (a fixed name "
-                             "is fine with one worker)")
+        workers_n = self.world_size - 1
+        if "{rank}" not in fmt and workers_n > 1:
+            raise ValueError(f"--worker-name {fmt!r} has no {{rank}}, so {workers_n} workers "
+                             "would share one name; use e.g. `--worker-name obs{rank}` (a fixed "
+                             "name is fine with one worker)")
         try:
-            workers = [fmt.format(rank=r) for r in range(1, self.n + 1)]
+            workers = [fmt.format(rank=r) for r in range(1, workers_n + 1)]
         except (KeyError, IndexError, ValueError) as exc:
             raise ValueError(f"--worker-name {fmt!r} is not a valid pattern ({exc}); the only "
                              "field is {rank}, e.g. `obs{rank}`") from None
@@ -98,7 +132,7 @@ class WorldSpec:
 
     @property
     def world_size(self) -> int:
-        return self.n + 1
+        return self.n + 1 + sum(k for _, k in self.hosts)
 
     def thread_count(self) -> int:
         if self.threads is not None:
@@ -145,3 +179,43 @@ def parse_ranks(spec: str | int | list | tuple | None, names: list[str]) -> list
     if not chosen:
         raise ValueError(f"--ranks {spec!r} selects no worker")
     return sorted(chosen)
+
+
+def parse_hosts(spec: Any, slurm: Callable[[], list[str]] | None = None) -> tuple:
+    """``"a:4,b:4"``, ``{"a": 4}``, ``[("a", 4)]``, ``"slurm"``/``"slurm:K"`` (the hosts
+    ``slurm()`` lists, K ranks each, default ``SLURM_NTASKS_PER_NODE`` or 1), or None ->
+    ``(("a", 4), ...)`` in the order given. A host without ``:K`` gets one rank."""
+    if spec is None or spec == "" or spec == ():
+        return ()
+    if isinstance(spec, str):
+        text = spec.strip()
+        if text == "slurm" or text.startswith("slurm:"):
+            if slurm is None:
+                raise ValueError("--hosts slurm is not available here")
+            per = text.partition(":")[2] or os.environ.get("SLURM_NTASKS_PER_NODE", "1")
+            per = per.split("(")[0].split(",")[0]  # SLURM writes e.g. "4(x2)"
+            return tuple((h, _count(per, h)) for h in slurm())
+        pairs = []
+        for part in text.split(","):
+            if not part.strip():
+                continue
+            host, sep, count = part.strip().rpartition(":")
+            if not sep:
+                host, count = count, "1"
+            pairs.append((host.strip(), _count(count, host)))
+        return tuple(pairs)
+    items = spec.items() if isinstance(spec, dict) else spec
+    try:
+        return tuple((str(h), _count(k, h)) for h, k in items)
+    except (TypeError, ValueError):
+        raise ValueError(f"hosts must be like {{'node1': 4, 'node2': 4}} or 'node1:4,node2:4', "
+                         f"got {spec!r}") from None
+
+
+def _count(value: Any, host: str) -> int:
+    try:
+        count = int(str(value).strip())
+    except ValueError:
+        raise ValueError(f"host {host!r}: {value!r} is not a number of ranks; write HOST:K, "
+                         "e.g. `node1:4`") from None
+    return count

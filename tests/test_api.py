@@ -11,7 +11,7 @@ EXPECTED = {
     "Cluster", "ClusterStateError", "DistCellError", "DistTimeoutError", "NbdistError",
     "RemoteError", "StartError", "WorkerDiedError", "__version__", "clear_history", "current",
     "dashboard", "export_history", "history", "history_frame", "load_ipython_extension", "log",
-    "rpc_stats", "start", "stop",
+    "release_hosts", "rpc_stats", "start", "stop",
 }
 
 

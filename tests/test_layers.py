@@ -13,7 +13,7 @@ LAYERS = {
     "patches": 1, "telemetry": 1,
     "proc": 2,
     "cluster": 3,
-    "magics": 4, "display": 4, "parallel": 4, "tutorials": 4, "__init__": 4,
+    "magics": 4, "join": 4, "display": 4, "parallel": 4, "tutorials": 4, "__init__": 4,
 }
 
 

@@ -8,6 +8,7 @@ directory). One cluster is active per notebook process.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import signal
@@ -19,10 +20,12 @@ from typing import Any
 
 from ..errors import ClusterStateError, DistTimeoutError, StartError, WorkerDiedError
 from ..patches import rpc_hooks
+from ..proc import netif
 from ..proc.channel import Listener
+from ..proc.hosts import HostAgent, slurm_hosts, start_agents
 from ..proc.protocol import Debug, Stop
 from ..proc.runtime import pid_alive
-from ..spec import WorldSpec, parse_ranks
+from ..spec import WorldSpec, parse_hosts, parse_ranks
 from ..telemetry import records, tracing
 from .cells import Cells
 from .ranks import ClusterState, RankInfo
@@ -30,9 +33,9 @@ from .receiver import Receiver
 from .router import Router
 from .session import SESSION
 from .startup import Rank0, StartWatch, worker_config
-from .status import StatusTable, collect_status
+from .status import HostTable, StatusTable, collect_status, host_status
 
-__all__ = ["Cluster", "current", "last_spec", "start", "stop"]
+__all__ = ["Cluster", "current", "last_spec", "release_hosts", "start", "stop"]
 
 
 def current() -> Cluster | None:
@@ -49,10 +52,19 @@ def last_spec() -> WorldSpec | None:
 def start(n: int, *, name: str = "worker0", worker_name: str = "worker{rank}",
           threads: int | None = None, rpc_timeout: float = 60.0,
           process_group: str | None = None, start_timeout: float = 60.0,
-          quiet: bool = False) -> Cluster:
-    """Start ``n`` worker ranks and make this process rank 0 of their RPC world."""
+          hosts: Any = None, iface: str | None = None, launcher: str = "ssh",
+          remote_python: str | None = None, quiet: bool = False) -> Cluster:
+    """Start ``n`` worker ranks and make this process rank 0 of their RPC world.
+
+    ``hosts`` (``{"node1": 4, "node2": 4}``, ``"node1:4,node2:4"`` or ``"slurm"``) adds
+    ranks on other machines after the ``n`` local ones, started there by ``launcher``
+    (``ssh``, ``srun`` or a template with ``{host}`` and ``{command}``) running
+    ``remote_python -m nbdist.join``; ``iface`` is this machine's interface or address that
+    those hosts reach (required with ``hosts``). See the README, "More than one machine".
+    """
     spec = WorldSpec(n, name, worker_name, threads, rpc_timeout, process_group,
-                     start_timeout).validate()
+                     start_timeout, hosts=parse_hosts(hosts, slurm_hosts), iface=iface,
+                     launcher=launcher, remote_python=remote_python).validate()
     if current() is not None:
         raise ClusterStateError("a world is already running; use `%dist_restart` (or "
                                 "`nbdist.current().restart()`) to start a new one, or "
@@ -68,6 +80,15 @@ def stop() -> None:
         SESSION.current.stop()
 
 
+def release_hosts() -> int:
+    """End the join agents kept warm on other hosts (a running world that uses them is
+    stopped first); returns how many there were. They also end with this process."""
+    c = SESSION.current
+    if c is not None and c.spec.hosts:
+        c.stop()
+    return SESSION.close_agents()
+
+
 class Cluster:
     """A running local world. Use ``nbdist.start`` to make one."""
 
@@ -80,7 +101,8 @@ class Cluster:
         self.startup_seconds = 0.0
         self.epoch = next(SESSION.epochs)
         now = time.time()
-        self.ranks: dict[int, RankInfo] = {r: RankInfo(r, nm, started=now)
+        placement = spec.placement()
+        self.ranks: dict[int, RankInfo] = {r: RankInfo(r, nm, started=now, host=placement[r])
                                            for r, nm in enumerate(self.names)}
         self.router = Router()
         self._cv = threading.Condition()
@@ -89,6 +111,8 @@ class Cluster:
         self._world_dir: str | None = None
         self._listener: Listener | None = None
         self._rank0: Rank0 | None = None
+        self._agents: dict[str, HostAgent] = {}  # host -> its join agent
+        self._store: Any = None  # a host world's rendezvous StoreServer
 
     @property
     def running(self) -> bool:
@@ -102,8 +126,10 @@ class Cluster:
         t0 = time.monotonic()
         spec = self.spec
         watch = StartWatch(self.ranks, t0 + spec.start_timeout, spec.start_timeout, self._cv)
+        iface = netif.resolve(spec.iface) if spec.hosts else None
         template = SESSION.get_template()
-        template.ensure_started()  # imports torch in parallel with us
+        if spec.n:
+            template.ensure_started()  # imports torch in parallel with us
         import torch.distributed.rpc as rpc
 
         if not rpc.is_available():
@@ -113,22 +139,34 @@ class Cluster:
             self._world_dir = tempfile.mkdtemp(prefix="w", dir=SESSION.runtime())
             self.router.keep_logs_in(os.path.join(self._world_dir, "logs"))
             key = os.urandom(32)
-            self._listener = Listener(os.path.join(self._world_dir, "ctl"), key)
+            store_address = None
+            if iface is not None:
+                self._start_agents(iface, watch)
+                self._listener = Listener((iface.address, 0), key)
+                from ..proc.store import MemoryStore, StoreServer
+
+                self._store = StoreServer(MemoryStore(spec.start_timeout), (iface.address, 0),
+                                          key)
+                store_address = self._store.address
+            else:
+                self._listener = Listener(os.path.join(self._world_dir, "ctl"), key)
             template.on_exit = self._on_exit
-            template.wait_ready(watch.deadline)
             configs = [worker_config(spec, self.names, r, self._world_dir, self._listener.path,
-                                     key, self.epoch) for r in range(1, spec.n + 1)]
+                                     key, self.epoch, store=store_address,
+                                     ifname=iface.name if iface else "lo")
+                       for r in range(1, spec.world_size)]
             self.ranks[0].pid = os.getpid()
             self.ranks[0].ready = True
-            for rank, pid in template.spawn(configs, watch.deadline).items():
-                self.ranks[rank].pid = pid
+            self._spawn_all(template, configs, watch)
             watch.accept_all(self._listener)
             self._listener.close()  # every rank is in: nothing listens for the rest of the world
             self._receiver.start()
             SESSION.current = self
             rpc_hooks.set_death_check(self._check_dest, self._interrupt_dest)
             rpc_hooks.set_after_reply(self._show_output_of)
-            self._rank0 = Rank0(spec, self.names, self._world_dir, self.epoch)
+            self._rank0 = Rank0(spec, self.names, self._world_dir, self.epoch,
+                                store=self._store.store if self._store else None,
+                                ifname=iface.name if iface else "lo")
             SESSION.settle_joiner(watch.deadline)
             self._rank0.join(watch)
             watch.wait_ready()
@@ -147,11 +185,55 @@ class Cluster:
             print(f"nbdist: {spec.world_size} ranks ready in {self.startup_seconds:.2f}s: "
                   + ", ".join(f"{r}={nm}" for r, nm in enumerate(self.names)))
 
+    def _start_agents(self, iface: netif.Interface, watch: StartWatch) -> None:
+        """The join agent of every host is running (launched now if it is not)."""
+        agents = SESSION.agents_for(self.spec, iface)
+        for agent in agents:
+            agent.on_exit = functools.partial(self._on_exit, host=agent.host)
+            agent.on_lost = self._on_host_lost
+            self._agents[agent.host] = agent
+        start_agents(agents, SESSION.agent_key, watch.deadline)
+        if not SESSION.warned_data_plane:
+            SESSION.warned_data_plane = True
+            Router.write("stderr", f"nbdist: this world's RPC and Gloo ports on {iface.name} "
+                                   f"({iface.address}) and on the hosts accept unauthenticated "
+                                   "connections (torch's TensorPipe and Gloo have no "
+                                   "authentication): use a private network or a tunnel "
+                                   "(README: More than one machine)\n")
+
+    def _spawn_all(self, template: Any, configs: list[dict], watch: StartWatch) -> None:
+        """Fork each rank where it lives: here through the template, elsewhere through its
+        host's agent (all asked first, then all waited for)."""
+        by_host: dict[str | None, list[dict]] = {}
+        for cfg in configs:
+            by_host.setdefault(cfg["host"], []).append(cfg)
+        if None in by_host:
+            template.wait_ready(watch.deadline)
+        for host, cfgs in by_host.items():
+            launcher = template if host is None else self._agents[host]
+            for rank, pid in launcher.spawn(cfgs, watch.deadline).items():
+                self.ranks[rank].pid = pid
+
     # ------------------------------------------------------------------ worker lives
-    def _on_exit(self, pid: int, code: int) -> None:
-        """The template reaped a worker (called from its reader thread)."""
+    def _on_host_lost(self, host: str, why: str) -> None:
+        """A host's agent went away or silent (its reader thread): its ranks are gone."""
+        lost = []
+        with self._cv:
+            for info in self.ranks.values():
+                if info.host == host and info.alive:
+                    info.lost, info.exit_code = why, -signal.SIGKILL
+                    lost.append(info.rank)
+            self._cv.notify_all()
+        if lost and self.running:
+            Router.write("stderr", f"nbdist: host {host} lost ({why}): rank"
+                                   f"{'s' if len(lost) > 1 else ''} "
+                                   f"{', '.join(map(str, lost))} gone; `%dist_restart` "
+                                   "relaunches it\n")
+
+    def _on_exit(self, pid: int, code: int, host: str | None = None) -> None:
+        """The template (or a host's agent) reaped a worker (called from its reader thread)."""
         for info in self.ranks.values():
-            if info.pid == pid and info.rank != 0:
+            if info.pid == pid and info.rank != 0 and info.host == host:
                 with self._cv:
                     info.exit_code = code
                     self._cv.notify_all()
@@ -289,6 +371,10 @@ class Cluster:
         """A table of every rank: pid, alive or how it died, CPU %, memory, uptime."""
         return collect_status(self, template_pid=SESSION.template_pid())
 
+    def hosts_status(self) -> HostTable:
+        """One row per host of this world: its agent's pid, ranks, load and free memory."""
+        return host_status(self, self._agents)
+
     def worker_pids(self) -> list[int]:
         return [i.pid for r, i in self.ranks.items() if r != 0 and i.pid is not None]
 
@@ -322,7 +408,10 @@ class Cluster:
             shutil.copy2(path, os.path.join(dest, os.path.basename(path)))
 
     def restart(self, n: int | None = None, *, quiet: bool = False, **changes: Any) -> Cluster:
-        """Stop this world and start a new one; unspecified settings stay as they were."""
+        """Stop this world and start a new one; unspecified settings stay as they were
+        (``hosts=()`` drops the hosts)."""
+        if "hosts" in changes and changes["hosts"] is not None:
+            changes["hosts"] = parse_hosts(changes["hosts"], slurm_hosts) or ()
         spec = self.spec.with_changes(n=n, **changes).validate()
         self.stop()
         cluster = Cluster(spec)
@@ -351,6 +440,8 @@ class Cluster:
             self.router.close()
             if self._listener is not None:
                 self._listener.close()
+            if self._store is not None:
+                self._store.close()
             if self._world_dir is not None:
                 shutil.rmtree(self._world_dir, ignore_errors=True)
         finally:
@@ -359,7 +450,8 @@ class Cluster:
                 SESSION.current = None
 
     def _stop_workers(self, timeout: float) -> None:
-        """Ask each worker to stop; SIGKILL (through the template) at half the timeout."""
+        """Ask each worker to stop; SIGKILL (through its template or agent) at half the
+        timeout."""
         workers = [i for r, i in self.ranks.items() if r and i.alive]
         for info in workers:
             if info.channel is not None:
@@ -367,24 +459,37 @@ class Cluster:
                     info.channel.send(Stop())
                 except OSError:
                     pass
-        pids = [i.pid for i in workers if i.pid]
         deadline = time.monotonic() + timeout
-        template = SESSION.template
+        killed = False
         with self._cv:
             while any(i.alive for i in workers):
-                if template is None or not template.alive():
-                    # no one will report exits; the template's death SIGKILLed its children
-                    for info in workers:
-                        if info.alive and not pid_alive(info.pid):  # type: ignore[arg-type]
+                now = time.monotonic()
+                for info in workers:
+                    launcher = self._launcher_of(info)
+                    if info.alive and (launcher is None or not launcher.alive()):
+                        # no one will report its exit: its launcher's death killed it
+                        # (PR_SET_PDEATHSIG here; an agent kills its ranks when it ends)
+                        if info.host is not None or not pid_alive(info.pid):  # type: ignore
                             info.exit_code = -signal.SIGKILL
-                    if not any(i.alive for i in workers) or time.monotonic() > deadline:
-                        break
-                elif time.monotonic() > deadline - timeout / 2 and pids:
-                    template.kill(pids, signal.SIGKILL)
-                    pids = []
-                if time.monotonic() > deadline:
+                if not killed and now > deadline - timeout / 2:
+                    killed = True
+                    for launcher, pids in self._pids_by_launcher(workers).items():
+                        launcher.kill(pids, signal.SIGKILL)
+                if now > deadline:
                     break
                 self._cv.wait(0.02)
+
+    def _launcher_of(self, info: RankInfo) -> Any:
+        """The template or agent that forked ``info``'s process (None if it is gone)."""
+        return SESSION.template if info.host is None else self._agents.get(info.host)
+
+    def _pids_by_launcher(self, workers: list[RankInfo]) -> dict[Any, list[int]]:
+        found: dict[Any, list[int]] = {}
+        for info in workers:
+            launcher = self._launcher_of(info)
+            if info.alive and info.pid and launcher is not None and launcher.alive():
+                found.setdefault(launcher, []).append(info.pid)
+        return found
 
     def __enter__(self) -> Cluster:
         return self

@@ -42,6 +42,8 @@ class RankInfo:
     ready: bool = False
     exit_code: int | None = None
     failure: str | None = None
+    host: str | None = None  # None: the notebook's machine
+    lost: str | None = None  # why its host was lost, if it was
 
     @property
     def alive(self) -> bool:
@@ -49,6 +51,8 @@ class RankInfo:
 
     def reason(self) -> str:
         """How it ended, in words, with the last line of a start-up traceback if any."""
+        if self.lost:
+            return f"lost with its host {self.host} ({self.lost})"
         text = describe_exit(self.exit_code)
         if self.failure:
             last = self.failure.strip().splitlines()[-1]
@@ -56,4 +60,5 @@ class RankInfo:
         return text
 
     def label(self) -> str:
-        return f"rank {self.rank} ({self.name})"
+        where = f" on {self.host}" if self.host else ""
+        return f"rank {self.rank} ({self.name}){where}"

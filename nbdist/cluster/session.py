@@ -23,7 +23,9 @@ import time
 from typing import TYPE_CHECKING
 
 from ..errors import StartError
+from ..proc.hosts import HostAgent
 from ..proc.launch import Template
+from ..proc.netif import Interface
 from ..proc.runtime import runtime_dir
 from ..spec import WorldSpec
 
@@ -51,6 +53,9 @@ class Session:
         self.exec_ids = itertools.count(1)  # cells and flush tokens, unique per process
         self.epochs = itertools.count(1)  # one per world: keeps RRef ids of worlds apart
         self.joiner: threading.Thread | None = None  # rank 0's init_rpc of a failed start
+        self.agents: dict[tuple, HostAgent] = {}  # join agents on other hosts, kept warm
+        self.agent_key = os.urandom(32)  # the secret agents prove (reaches them on stdin)
+        self.warned_data_plane = False
 
     def settle_joiner(self, deadline: float) -> None:
         """Before a new ``init_rpc``: let a failed start's joining thread end (it is bounded
@@ -76,6 +81,28 @@ class Session:
             self.template = Template(self.runtime())
         return self.template
 
+    def agents_for(self, spec: WorldSpec, iface: Interface) -> list[HostAgent]:
+        """One agent per host of ``spec`` (the running one when it matches; an agent with
+        other settings for the same host is closed first)."""
+        python = spec.remote_python or sys.executable
+        chosen = []
+        for host, _ in spec.hosts:
+            key = (host, spec.launcher, python, iface)
+            for other in [k for k in self.agents if k[0] == host and k != key]:
+                self.agents.pop(other).close(timeout=2.0)
+            agent = self.agents.get(key)
+            if agent is None:
+                agent = self.agents[key] = HostAgent(host, spec.launcher, python, iface)
+            chosen.append(agent)
+        return chosen
+
+    def close_agents(self) -> int:
+        """End every join agent (each kills its ranks); returns how many there were."""
+        agents, self.agents = list(self.agents.values()), {}
+        for agent in agents:
+            agent.close(timeout=2.0)
+        return len(agents)
+
     def prewarm(self) -> bool:
         """Start the warm template in the background (returns at once) unless
         ``NBDIST_PREWARM=0``; True when it is starting or running."""
@@ -100,6 +127,8 @@ class Session:
         if self.runtime_dir is not None:
             shutil.rmtree(self.runtime_dir, ignore_errors=True)
         try:
+            for agent in self.agents.values():
+                agent.close(timeout=1.0)
             if self.template is not None:
                 self.template.close(timeout=2.0)
         finally:

@@ -28,29 +28,52 @@ from .cells import STATUS_AFTER, STATUS_EVERY
 from .ranks import RankInfo
 from .router import Router, StatusLine
 
-__all__ = ["Rank0", "StartWatch", "worker_config"]
+__all__ = ["Rank0", "StartWatch", "torch_iface", "worker_config"]
 
 _DEADLINE_SLACK = 0.5  # a torch wait ending this close to the start deadline is its timeout
 
 
-def worker_config(spec: WorldSpec, names: list[str], rank: int, world_dir: str, socket: str,
-                  key: bytes, epoch: int) -> dict:
-    """Everything a forked worker needs to become ``rank`` (plain values only)."""
-    env = dict(os.environ)
-    env.update(spec.env)
-    threads = spec.thread_count()
-    env.update({"TP_SOCKET_IFNAME": "lo", "GLOO_SOCKET_IFNAME": "lo",
-                "OMP_NUM_THREADS": str(threads), "NBDIST_RANK": str(rank),
-                "NBDIST_WORLD_SIZE": str(spec.world_size)})
+def worker_config(spec: WorldSpec, names: list[str], rank: int, world_dir: str,
+                  socket: str | tuple, key: bytes, epoch: int, store: tuple | None = None,
+                  ifname: str = "lo") -> dict:
+    """Everything a forked worker needs to become ``rank`` (plain values only).
+
+    In a world with hosts (``store`` given) the rendezvous goes through the notebook's store
+    and torch's sockets use ``ifname``; a rank on another host gets ``env_extra`` instead of
+    the notebook's environment, and its agent completes the config (``proc.agent``).
+    """
+    host = spec.placement()[rank]
+    ours = {"NBDIST_RANK": str(rank), "NBDIST_WORLD_SIZE": str(spec.world_size)}
+    if host is None:
+        env = dict(os.environ)
+        env.update(spec.env)
+        threads: int | None = spec.thread_count()
+        env.update({"TP_SOCKET_IFNAME": ifname, "GLOO_SOCKET_IFNAME": ifname,
+                    "OMP_NUM_THREADS": str(threads), **ours})
+        extra = None
+    else:
+        env, threads, extra = None, spec.threads, {**spec.env, **ours}
+    rendezvous = _rendezvous(world_dir, hosted=store is not None)
     return {
         "rank": rank, "name": names[rank], "world_size": spec.world_size,
         "socket": socket, "authkey": key, "cwd": os.getcwd(),
-        "env": env, "path": list(sys.path), "threads": threads,
-        "rpc_init": f"file://{world_dir}/rpc", "rpc_timeout": spec.rpc_timeout,
+        "env": env, "env_extra": extra, "path": list(sys.path), "threads": threads,
+        "host": host, "host_ranks": dict(spec.hosts).get(host, 0),
+        "rpc_init": rendezvous["rpc"], "rpc_timeout": spec.rpc_timeout,
         "rpc_threads": 16, "process_group": spec.process_group,
-        "pg_init": f"file://{world_dir}/pg", "pg_timeout": spec.rpc_timeout,
-        "start_timeout": spec.start_timeout, "epoch": epoch,
+        "pg_init": rendezvous["pg"], "pg_timeout": spec.rpc_timeout,
+        "start_timeout": spec.start_timeout, "epoch": epoch, "store": store,
     }
+
+
+def _rendezvous(world_dir: str, hosted: bool) -> dict[str, str]:
+    """init_method of the RPC world and of the process group: the world directory's file
+    store, or in a world with hosts the notebook's store (``proc.store``)."""
+    if hosted:
+        from ..proc.store import rendezvous_url  # imports torch: only once a world starts
+
+        return {p: rendezvous_url(p) for p in ("rpc", "pg")}
+    return {p: f"file://{world_dir}/{p}" for p in ("rpc", "pg")}
 
 
 class StartWatch:
@@ -141,8 +164,10 @@ class StartWatch:
 class Rank0:
     """The notebook's own membership in a world: joins in an owned thread, leaves at stop."""
 
-    def __init__(self, spec: WorldSpec, names: list[str], world_dir: str, epoch: int) -> None:
+    def __init__(self, spec: WorldSpec, names: list[str], world_dir: str, epoch: int,
+                 store: Any = None, ifname: str = "lo") -> None:
         self.spec, self.names, self.world_dir, self.epoch = spec, names, world_dir, epoch
+        self.store, self.ifname = store, ifname  # a host world's MemoryStore and interface
         self.rpc_up = False
         self.pg_up = False
         self.joiner: threading.Thread | None = None
@@ -166,9 +191,13 @@ class Rank0:
         # rendezvous waits are bounded by what is left of the start deadline, so the joining
         # thread ends by then even if the workers never come; the real timeout is set after
         left = max(watch.deadline - time.monotonic(), 1.0)
-        opts = rpc.TensorPipeRpcBackendOptions(init_method=f"file://{self.world_dir}/rpc",
-                                               rpc_timeout=left)
-        with loopback_env(), _gloo_timeout(left):
+        if self.store is not None:
+            from ..proc import store
+
+            store.use(self.store)
+        init = _rendezvous(self.world_dir, hosted=self.store is not None)
+        opts = rpc.TensorPipeRpcBackendOptions(init_method=init["rpc"], rpc_timeout=left)
+        with torch_iface(self.ifname), _gloo_timeout(left):
             self._in_thread(lambda: rpc.init_rpc(self.names[0], rank=0,
                                                  world_size=spec.world_size,
                                                  rpc_backend_options=opts),
@@ -178,7 +207,7 @@ class Rank0:
             shipping.register_patched("torch.distributed.rpc", "torch.distributed.rpc.api")
             if spec.process_group:
                 self._in_thread(lambda: dist.init_process_group(
-                    spec.process_group, init_method=f"file://{self.world_dir}/pg", rank=0,
+                    spec.process_group, init_method=init["pg"], rank=0,
                     world_size=spec.world_size, timeout=timedelta(seconds=spec.rpc_timeout)),
                     watch, "join the process group")
                 self.pg_up = True
@@ -248,14 +277,16 @@ def _gloo_timeout(seconds: float) -> Iterator[None]:
         constants.DEFAULT_PROCESS_GROUP_TIMEOUT = saved
 
 
-class loopback_env:  # noqa: N801 - used as a context manager, like a function
-    """Make torch's TensorPipe and Gloo listen on loopback only while rank 0 joins."""
+class torch_iface:  # noqa: N801 - used as a context manager, like a function
+    """Make torch's TensorPipe and Gloo listen on one interface (loopback unless the world
+    spans hosts) while rank 0 joins."""
 
-    KEYS = {"TP_SOCKET_IFNAME": "lo", "GLOO_SOCKET_IFNAME": "lo"}
+    def __init__(self, ifname: str = "lo") -> None:
+        self.keys = {"TP_SOCKET_IFNAME": ifname, "GLOO_SOCKET_IFNAME": ifname}
 
     def __enter__(self) -> None:
-        self.saved = {k: os.environ.get(k) for k in self.KEYS}
-        os.environ.update(self.KEYS)
+        self.saved = {k: os.environ.get(k) for k in self.keys}
+        os.environ.update(self.keys)
 
     def __exit__(self, *exc: Any) -> None:
         for k, v in self.saved.items():

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..table import text_table
 
-__all__ = ["StatusTable", "collect_status"]
+__all__ = ["HostTable", "StatusTable", "collect_status", "host_status"]
 
 _procs: dict[int, Any] = {}  # pid -> psutil.Process, so cpu_percent has a baseline
 TEMPLATE_RANK = "-"  # the template's row is not a rank of the world
@@ -35,28 +35,41 @@ def _sample(pid: int | None) -> tuple[float | None, float | None]:
         return None, None
 
 
+def _num(v: float | None, fmt: str) -> str:
+    return "-" if v is None else format(v, fmt)
+
+
 @dataclass
 class StatusTable:
-    """Rows of ``rank, name, pid, state, cpu %, memory MB, uptime s``."""
+    """Rows of ``rank, name, pid, state, cpu %, memory MB, uptime s`` (and ``host`` after
+    ``name`` when the world spans hosts); ``HostTable`` is its one-line-per-host twin."""
 
     rows: list[dict]
+    with_host: bool = False
 
     COLUMNS = ("rank", "name", "pid", "state", "cpu %", "mem MB", "uptime s")
 
-    def _cells(self, row: dict) -> list[str]:
-        def num(v: float | None, fmt: str) -> str:
-            return "-" if v is None else format(v, fmt)
+    @property
+    def columns(self) -> tuple[str, ...]:
+        if self.with_host:
+            return (*self.COLUMNS[:2], "host", *self.COLUMNS[2:])
+        return self.COLUMNS
 
-        return [str(row["rank"]), row["name"], str(row["pid"] or "-"), row["state"],
-                num(row["cpu"], ".0f"), num(row["mem_mb"], ".0f"), num(row["uptime"], ".1f")]
+    def _cells(self, row: dict) -> list[str]:
+        cells = [str(row["rank"]), row["name"], str(row["pid"] or "-"), row["state"],
+                 _num(row["cpu"], ".0f"), _num(row["mem_mb"], ".0f"),
+                 _num(row["uptime"], ".1f")]
+        if self.with_host:
+            cells.insert(2, row.get("host") or "local")
+        return cells
 
     def __str__(self) -> str:
-        return text_table(self.COLUMNS, [self._cells(r) for r in self.rows])
+        return text_table(self.columns, [self._cells(r) for r in self.rows])
 
     __repr__ = __str__
 
     def _repr_html_(self) -> str:
-        head = "".join(f"<th>{html.escape(c)}</th>" for c in self.COLUMNS)
+        head = "".join(f"<th>{html.escape(c)}</th>" for c in self.columns)
         body = []
         for r in self.rows:
             color = "" if r["alive"] else ' style="color:#b00"'
@@ -93,7 +106,8 @@ def collect_status(cluster: Any, template_pid: int | None = None) -> StatusTable
     for rank in sorted(cluster.ranks):
         info = cluster.ranks[rank]
         alive = info.alive and (rank == 0 or cluster.running)
-        cpu, mem = _sample(info.pid) if alive else (None, None)
+        # a rank on another host: its pid means nothing here, so no CPU or memory figures
+        cpu, mem = _sample(info.pid) if alive and info.host is None else (None, None)
         if rank == 0:
             state = "notebook"
         elif alive:
@@ -103,7 +117,47 @@ def collect_status(cluster: Any, template_pid: int | None = None) -> StatusTable
         rows.append({"rank": rank, "name": info.name, "pid": info.pid, "alive": alive,
                      "state": state, "cpu": cpu, "mem_mb": mem,
                      "uptime": now - info.started if alive else None,
-                     "exit_code": info.exit_code})
+                     "exit_code": info.exit_code, "host": info.host})
     if template_pid is not None:
         rows.append(_template_row(template_pid, now))
-    return StatusTable(rows)
+    return StatusTable(rows, with_host=bool(getattr(cluster.spec, "hosts", ())))
+
+
+@dataclass
+class HostTable:
+    """``%dist_status --hosts``: one row per host of the world."""
+
+    rows: list[dict]
+
+    COLUMNS = ("host", "agent pid", "ranks", "state", "load", "free MB")
+
+    def _cells(self, row: dict) -> list[str]:
+        return [row["host"], str(row["pid"] or "-"), row["ranks"], row["state"],
+                _num(row["load"], ".2f"), _num(row["free_mb"], ".0f")]
+
+    def __str__(self) -> str:
+        return text_table(self.COLUMNS, [self._cells(r) for r in self.rows])
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        head = "".join(f"<th>{html.escape(c)}</th>" for c in self.COLUMNS)
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in self._cells(r))
+                       + "</tr>" for r in self.rows)
+        return f"<table class='nbdist-hosts'><tr>{head}</tr>{body}</table>"
+
+
+def host_status(cluster: Any, agents: dict[str, Any]) -> HostTable:
+    """One row per host in ``cluster``'s spec, from its agent (``proc.hosts.HostAgent``)."""
+    rows = []
+    for host, _ in cluster.spec.hosts:
+        agent = agents.get(host)
+        ranks = [str(r) for r, i in sorted(cluster.ranks.items()) if i.host == host]
+        alive = agent is not None and agent.alive()
+        state = "alive" if alive else f"lost ({agent.lost})" if agent and agent.lost else "gone"
+        beat = agent.beat if alive else None
+        rows.append({"host": host, "pid": agent.pid if agent else None,
+                     "ranks": ",".join(ranks), "state": state,
+                     "load": beat.load if beat else None,
+                     "free_mb": beat.mem_mb if beat else None})
+    return HostTable(rows)

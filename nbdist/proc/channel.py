@@ -241,14 +241,33 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     return buf
 
 
-class Listener:
-    """Accepts mutually authenticated control connections on a unix socket path."""
+Address = str | tuple[str, int]  # a unix socket path, or (IPv4 address, port)
 
-    def __init__(self, path: str, authkey: bytes) -> None:
-        self.path, self.authkey = path, authkey
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.bind(path)
-        os.chmod(path, 0o600)
+
+def _socket_for(address: Address) -> socket.socket:
+    if isinstance(address, str):
+        return socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+class Listener:
+    """Accepts mutually authenticated control connections on a unix socket path, or on one
+    address's TCP port (``(address, 0)`` picks a free one; never bind ``0.0.0.0``)."""
+
+    def __init__(self, address: Address, authkey: bytes) -> None:
+        self.authkey = authkey
+        self.sock = _socket_for(address)
+        if isinstance(address, str):
+            self.sock.bind(address)
+            os.chmod(address, 0o600)
+            self.path: Address = address
+        else:
+            if address[0] in ("", "0.0.0.0"):
+                raise ValueError("a control listener binds one address, not every interface")
+            self.sock.bind(address)
+            self.path = self.sock.getsockname()[:2]
         self.sock.listen(256)
         self.rejected: list[str] = []  # why each refused peer was refused
 
@@ -279,22 +298,27 @@ class Listener:
                 f"a connection that did not complete the handshake ({exc or 'timed out'})"
             self.rejected.append(why)
             raise HandshakeError(why) from None
+        if peer.family == socket.AF_INET:
+            peer.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return Channel(peer, name=name)
 
     def close(self) -> None:
         self.sock.close()
-        try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass
+        if isinstance(self.path, str):
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
 
 
-def connect(path: str, authkey: bytes, timeout: float = 10.0, name: str = "notebook",
+def connect(path: Address, authkey: bytes, timeout: float = 10.0, name: str = "notebook",
             threaded: bool = True) -> Channel:
     """Connect to a ``Listener``; both sides prove they hold ``authkey``."""
     deadline = time.monotonic() + timeout
+    if isinstance(path, list):  # a (address, port) that travelled through a config
+        path = (path[0], int(path[1]))
     while True:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock = _socket_for(path)
         try:
             sock.settimeout(max(deadline - time.monotonic(), 0.01))
             sock.connect(path)

@@ -99,14 +99,17 @@ class Template:
                 except subprocess.TimeoutExpired:
                     pass
                 return
-            if isinstance(msg, TemplateReady):
-                self._ready.set()
-            elif isinstance(msg, Spawned):
-                with self._spawn_cv:
-                    self._spawned[msg.rank] = msg.pid
-                    self._spawn_cv.notify_all()
-            elif isinstance(msg, Exited) and self.on_exit is not None:
-                self.on_exit(msg.pid, msg.code)
+            self._dispatch(msg)
+
+    def _dispatch(self, msg: Message) -> None:
+        if isinstance(msg, TemplateReady):
+            self._ready.set()
+        elif isinstance(msg, Spawned):
+            with self._spawn_cv:
+                self._spawned[msg.rank] = msg.pid
+                self._spawn_cv.notify_all()
+        elif isinstance(msg, Exited) and self.on_exit is not None:
+            self.on_exit(msg.pid, msg.code)
 
     # -- requests ---------------------------------------------------------------------------
     def _send(self, msg: Message) -> None:

@@ -15,14 +15,25 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 
 from .channel import Channel
-from .protocol import Exit, Exited, Kill, ProtocolError, Spawn, Spawned, TemplateReady
+from .protocol import (
+    Exit,
+    Exited,
+    Heartbeat,
+    Kill,
+    ProtocolError,
+    Spawn,
+    Spawned,
+    TemplateReady,
+)
 
-__all__ = ["main"]
+__all__ = ["main", "preload", "serve"]
 
 
-def _preload() -> None:
+def preload() -> None:
+    """Import what every worker needs, once, before any fork."""
     import warnings
 
     warnings.filterwarnings("ignore")
@@ -51,11 +62,25 @@ def main(fd: int, runtime_dir: str) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _terminate)  # ipykernel SIGTERMs its children at shutdown
     chan = Channel(socket.socket(fileno=fd), threaded=False, name="notebook")
-    _preload()
+    preload()
     chan.send(TemplateReady(os.getpid()))
+    try:
+        serve(chan)
+    finally:
+        shutil.rmtree(runtime_dir, ignore_errors=True)
+        os._exit(0)
+
+
+def serve(chan: Channel, prepare: Callable[[dict], dict] | None = None,
+          heartbeat: float | None = None, silence: float | None = None) -> None:
+    """Fork workers on ``Spawn``, signal them on ``Kill``, report each exit, until ``Exit``,
+    the notebook's end closing, or ``NBDIST_TEMPLATE_IDLE`` seconds without workers; then
+    SIGKILL every child. Shared with the join agent, which also passes ``prepare`` (adapt a
+    config to this host), ``heartbeat`` (send one every so many seconds) and ``silence``
+    (a notebook quiet this long is gone)."""
     children: dict[int, int] = {}
     idle_limit = float(os.environ.get("NBDIST_TEMPLATE_IDLE", "600"))
-    idle_since = time.monotonic()
+    idle_since = last_heard = last_beat = time.monotonic()
     try:
         while True:
             try:
@@ -64,10 +89,19 @@ def main(fd: int, runtime_dir: str) -> None:
                 continue  # a frame we cannot read: the next one may be fine
             except (EOFError, OSError):
                 break
+            now = time.monotonic()
+            if msg is not None:
+                last_heard = now
+            elif silence is not None and now - last_heard > silence:
+                break
+            if heartbeat is not None and now - last_beat >= heartbeat:
+                chan.send(_beat())
+                last_beat = now
             if isinstance(msg, Spawn):
-                pid = _fork_worker(chan, msg.config)
-                children[pid] = msg.config["rank"]
-                chan.send(Spawned(msg.config["rank"], pid))
+                config = prepare(msg.config) if prepare else msg.config
+                pid = _fork_worker(chan, config)
+                children[pid] = config["rank"]
+                chan.send(Spawned(config["rank"], pid))
             elif isinstance(msg, Kill):
                 for pid in msg.pids:
                     if pid in children:  # forked by us and not reaped: cannot be reused
@@ -98,8 +132,17 @@ def main(fd: int, runtime_dir: str) -> None:
                 os.waitpid(pid, 0)
             except ChildProcessError:
                 pass
-        shutil.rmtree(runtime_dir, ignore_errors=True)
-        os._exit(0)
+
+
+def _beat() -> Heartbeat:
+    """This host's load average and available memory, for ``%dist_status --hosts``."""
+    try:
+        import psutil
+
+        mem = psutil.virtual_memory().available / 2**20
+    except Exception:  # noqa: BLE001
+        mem = 0.0
+    return Heartbeat(os.getloadavg()[0], mem)
 
 
 def _fork_worker(chan: Channel, config: dict) -> int:

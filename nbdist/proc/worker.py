@@ -223,6 +223,10 @@ def _join_world(cfg: dict) -> None:
     from ..telemetry import tracing
 
     tracing.install(_rank, cfg["name"])
+    if cfg.get("store"):  # a world with hosts: rendezvous through the notebook's store
+        from . import store
+
+        store.use(store.RemoteStore(cfg["store"], cfg["authkey"], cfg["start_timeout"]))
     opts = rpc.TensorPipeRpcBackendOptions(init_method=cfg["rpc_init"],
                                            rpc_timeout=cfg["rpc_timeout"],
                                            num_worker_threads=cfg["rpc_threads"])

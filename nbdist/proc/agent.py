@@ -1,0 +1,85 @@
+"""The join agent: the warm template's twin on another host (``python -m nbdist.join``).
+
+A launcher (ssh, srun, ``ip netns exec``...) starts it on the host. It reads one JSON line
+from stdin — the notebook's join address, the session's secret and its host label — so the
+secret is never on a command line or in an environment. It connects to the notebook (both
+sides prove the secret before a byte is unpickled), pins torch's data plane to the interface
+it reached the notebook through, having imported torch once, and forks that host's ranks on request
+exactly as the local template does. It exits, SIGKILLing its ranks, when the notebook's
+connection closes, when the notebook has been silent for ``SILENCE`` seconds (a link down),
+or on ``Exit``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import sys
+
+from . import netif
+from .channel import connect
+from .hosts import HEARTBEAT, SILENCE
+from .protocol import AgentReady
+from .template import preload, serve
+
+__all__ = ["main"]
+_STDIN_WAIT = 60.0
+
+
+def _read_request() -> dict:
+    ready, _, _ = select.select([sys.stdin], [], [], _STDIN_WAIT)
+    if not ready:
+        raise SystemExit("nbdist.join: nothing on stdin: this agent is started by the notebook "
+                         "(`%dist_start --hosts ...`), not by hand")
+    line = sys.stdin.readline()
+    try:
+        request = json.loads(line)
+        request["key"] = bytes.fromhex(request["key"])
+        request["address"] = (request["address"][0], int(request["address"][1]))
+    except (ValueError, KeyError, TypeError, IndexError):
+        raise SystemExit("nbdist.join: the first line on stdin is not the notebook's join "
+                         "request") from None
+    return request
+
+
+def _adapt(config: dict, iface: str) -> dict:
+    """A config made on the notebook, made right for this host: this host's environment and
+    Python path (plus the notebook's entries that exist here), its working directory if it
+    exists here, torch's sockets on ``iface``, threads shared among this host's ranks."""
+    env = dict(os.environ)
+    env.update(config.get("env_extra") or {})
+    env.update({"TP_SOCKET_IFNAME": iface, "GLOO_SOCKET_IFNAME": iface})
+    per_host = max(int(config.get("host_ranks") or 1), 1)
+    threads = config.get("threads") or max(1, (os.cpu_count() or 1) // per_host)
+    env.setdefault("OMP_NUM_THREADS", str(threads))
+    path = list(sys.path) + [p for p in config.get("path", []) if p and p not in sys.path
+                             and os.path.isdir(p)]
+    cwd = config.get("cwd") or ""
+    return {**config, "env": env, "path": path, "threads": threads,
+            "cwd": cwd if os.path.isdir(cwd) else os.path.expanduser("~")}
+
+
+def _leave(signum: int, frame: object) -> None:
+    signal.signal(signum, signal.SIG_IGN)
+    raise SystemExit(0)  # unwinds into serve's cleanup: every rank here is killed
+
+
+def main() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches ranks through the notebook
+    signal.signal(signal.SIGTERM, _leave)
+    signal.signal(signal.SIGHUP, _leave)  # the launcher's session ended (ssh hung up)
+    request = _read_request()
+    preload()  # before connecting, so agents on many hosts import torch at the same time
+    chan = connect(request["address"], request["key"], timeout=30.0, name="notebook",
+                   threaded=False)
+    address = chan.sock.getsockname()[0]
+    iface = netif.name_of_address(address) or "lo"
+    chan.send(AgentReady(request["host"], os.getpid(), socket.gethostname(), iface, address))
+    try:
+        serve(chan, prepare=lambda cfg: _adapt(cfg, iface), heartbeat=HEARTBEAT,
+              silence=SILENCE)
+    finally:
+        os._exit(0)
