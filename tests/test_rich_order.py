@@ -1,5 +1,6 @@
-"""Issue 13, the rest: big bundles travel in ``DisplayChunk`` pieces and arrive whole; too big
-ones become a note.
+"""Issue 13, the rest: ranks' rich outputs that interleave within a ``%%dist`` cell end grouped
+by rank; big bundles travel in ``DisplayChunk`` pieces and arrive whole; too big ones become a
+note.
 
 The kernel tests read every iopub message of a cell and replay them as a frontend does
 (``display_data`` adds an output, ``update_display_data`` changes every output with that
@@ -139,6 +140,55 @@ def _arrivals(msgs: list[dict]) -> list[int]:
 
 
 # -- in a real kernel -------------------------------------------------------------------------
+@pytest.mark.kernel
+def test_interleaved_displays_end_grouped_by_rank(kernel, tmp_path):
+    # worker1 png, worker2 png, worker1 html: they arrive so, and end worker1's then worker2's
+    code = ("%%dist\n" + WAIT.format(folder=str(tmp_path)) +
+            "if r == 1:\n"
+            "    display({'image/png': b'\\x89PNG\\r\\n\\x1a\\n1a'}, raw=True)\n"
+            "    wait('go-1b')\n"
+            "    h = display(HTML('1b'), display_id=True)\n"
+            "else:\n"
+            "    wait('go-2')\n"
+            "    display({'image/png': b'\\x89PNG\\r\\n\\x1a\\n2a'}, raw=True)\n")
+    status, msgs = _cell(kernel, code, _stepper(tmp_path, {(1, 1): "go-2", (2, 1): "go-1b"}))
+    assert status == "ok", msgs
+    assert _arrivals(msgs) == [1, 2, 1]  # they did interleave
+    final = _final(msgs)
+    assert _shown(final) == [("label", "[worker1]"), ("png", "1a"),
+                             ("label", "[worker1]"), ("html", "1b"),
+                             ("label", "[worker2]"), ("png", "2a")]
+    assert [_rank_of(o) for o in final if _rank_of(o)] == [1, 1, 2]  # metadata moved along
+    # only the two places that changed hands were rewritten: a label and a bundle each
+    assert len([m for m in msgs if m["msg_type"] == "update_display_data"]) == 4
+
+    # the worker's handle now updates the place where its output ended
+    place = next(o["id"] for o in final if o["data"].get("text/html") == "1b")
+    status, msgs = _cell(kernel, "%%dist --ranks 1\nh.update(HTML('1b, again'))")
+    updates = [m["content"] for m in msgs if m["msg_type"] == "update_display_data"]
+    assert status == "ok" and len(updates) == 1, msgs
+    assert updates[0]["transient"]["display_id"] == place
+    assert updates[0]["data"]["text/html"] == "1b, again"
+
+
+@pytest.mark.kernel
+def test_displays_that_did_not_interleave_stay_as_they_came(kernel, tmp_path):
+    # worker2 first, then worker1 twice: not interleaved, so no message rewrites anything
+    code = ("%%dist\n" + WAIT.format(folder=str(tmp_path)) +
+            "if r == 1:\n"
+            "    wait('go-1')\n"
+            "    display(HTML('1a'))\n"
+            "    display(HTML('1b'))\n"
+            "else:\n"
+            "    display(HTML('2a'))\n")
+    status, msgs = _cell(kernel, code, _stepper(tmp_path, {(2, 1): "go-1"}))
+    assert status == "ok", msgs
+    assert _arrivals(msgs) == [2, 1, 1]
+    assert not [m for m in msgs if m["msg_type"] == "update_display_data"]
+    assert [s for s in _shown(_final(msgs)) if s[0] == "html"] == [
+        ("html", "2a"), ("html", "1a"), ("html", "1b")]
+
+
 @pytest.mark.kernel
 def test_a_big_bundle_arrives_whole_in_pieces_in_order_with_prints(kernel):
     before = kernel.value("nbdist.current().cells.rich.assembled")

@@ -6,8 +6,14 @@ its metadata, after a small label output naming the rank. Every output shown get
 id, so a rank's ``clear_output`` blanks that rank's outputs of the running cell only, and
 its next displays reuse those places (an animation stays in place); a worker's own display
 ids map to notebook display ids per rank, so ``handle.update(...)`` on a worker updates its
-output here. Outside Jupyter a bundle is written as ``[name] <text/plain>``. A big display
-arrives in ``DisplayChunk`` pieces (``piece`` joins them) and shows when the last one is in.
+output here. Outside Jupyter a bundle is written as ``[name] <text/plain>``.
+
+A ``%%dist`` cell's outputs appear as they arrive; if ranks' outputs interleaved (worker1,
+worker2, worker1), at the end of the cell the places they took are refilled in rank order
+(all of worker1's, then worker2's, each rank's in its own order) with ``update_display_data``
+on the places' display ids: no output is added or removed, only the moved ones change, and a
+cell whose outputs did not interleave gets no message at all. A big display arrives in
+``DisplayChunk`` pieces (``piece`` joins them) and shows when the last one is in.
 
 ``%%dist --grid`` gathers the target ranks' bundles of one cell and shows them at its end as
 one HTML table, a column per rank (``render_grid``, a pure function).
@@ -35,6 +41,7 @@ CELL_DISPLAYS = int(os.environ.get("NBDIST_CELL_DISPLAYS", "500"))  # new output
 _IMAGES = ("image/png", "image/jpeg", "image/gif")
 PENDING = 8  # displays per rank whose pieces are still arriving (older ones are dropped)
 MAX_PIECES = 4096  # pieces of one display (256 KB each: 1 GB, far past the display limit)
+REGROUP_BYTES = 256 * 2**20  # bundles kept during a cell to regroup it (past this: not)
 
 
 def _cell_key() -> Any:
@@ -46,12 +53,20 @@ def _cell_key() -> Any:
 
 
 class _Slot:
-    """One place in the notebook showing a rank's output: a label and the bundle."""
+    """One place in the notebook showing a rank's output: a label and the bundle.
 
-    __slots__ = ("label", "data", "blank")
+    ``shows`` is the bundle there now, ``(data, metadata)``, kept only while the cell that
+    made the place runs (``tracked``: to move it at the end); ``fresh``: its display id is
+    its own."""
 
-    def __init__(self, label: str, data: str) -> None:
+    __slots__ = ("label", "data", "blank", "rank", "name", "shows", "fresh", "tracked")
+
+    def __init__(self, label: str, data: str, rank: int = 0, name: str = "",
+                 fresh: bool = False) -> None:
         self.label, self.data, self.blank = label, data, False
+        self.rank, self.name, self.fresh = rank, name, fresh
+        self.shows: tuple[dict, dict] | None = None
+        self.tracked = False
 
 
 class _RankView:
@@ -80,6 +95,8 @@ class RichOutput:
         self._grid_clear: set[int] = set()
         self._hide_results: set[int] = set()
         self._results: set[tuple[int, int]] = set()  # (exec id, rank) shown as a bundle
+        self._order: list[_Slot] | None = None  # places the running cell made, in order
+        self._held = 0  # bytes of bundles kept in those places' ``shows``
         self._pieces: dict[tuple[int, int], list[bytes]] = {}  # (rank, bundle) -> pieces
         self.assembled = 0  # displays that arrived in pieces (for tests and status)
 
@@ -92,6 +109,8 @@ class RichOutput:
             if grid:
                 self._grid = {r: [] for r in targets}
                 self._grid_clear = set()
+            elif self.jupyter:
+                self._order, self._held = [], 0
             if not results:
                 self._hide_results = set(targets)
         try:
@@ -99,7 +118,14 @@ class RichOutput:
         finally:
             with self._lock:
                 columns, self._grid = self._grid, None
+                order, self._order = self._order, None
                 self._hide_results = set()
+                if order:
+                    try:
+                        self._regroup(order)
+                    finally:
+                        for slot in order:
+                            slot.shows, slot.tracked = None, False
             if columns is not None and any(columns.values()):
                 self._show_grid(columns)
 
@@ -197,6 +223,7 @@ class RichOutput:
             publish_display_data(msg.data, meta, transient={"display_id": slot.data},
                                  update=True)
             slot.blank = False
+            self._keep(slot, msg.data, meta)
             for other in view.free:  # the rest of what the clear covered goes blank now
                 self._blank(other)
         else:
@@ -209,6 +236,7 @@ class RichOutput:
                                            "place; NBDIST_CELL_DISPLAYS sets the limit)\n")
                 return
             label_id = f"{self._prefix}-{next(self._ids)}"
+            fresh = nb_id is None
             if nb_id is None:
                 nb_id = f"{self._prefix}-{next(self._ids)}"
                 if msg.display_id:
@@ -218,7 +246,11 @@ class RichOutput:
             label, label_md = self._label(rank, name)
             publish_display_data(label, label_md, transient={"display_id": label_id})
             publish_display_data(msg.data, meta, transient={"display_id": nb_id})
-            slot = _Slot(label_id, nb_id)
+            slot = _Slot(label_id, nb_id, rank, name, fresh)
+            if self._order is not None:
+                self._order.append(slot)
+                slot.tracked = True
+                self._keep(slot, msg.data, meta)
         view.shown.append(slot)
 
     def _update(self, rank: int, name: str, msg: DisplayData) -> None:
@@ -227,8 +259,12 @@ class RichOutput:
         view = self._views.setdefault(rank, _RankView())
         nb_id = view.ids.get(msg.display_id or "")
         if nb_id is not None:
-            publish_display_data(msg.data, self._meta(rank, name, msg.metadata),
-                                 transient={"display_id": nb_id}, update=True)
+            meta = self._meta(rank, name, msg.metadata)
+            publish_display_data(msg.data, meta, transient={"display_id": nb_id}, update=True)
+            if self._order is not None:
+                for slot in view.shown:
+                    if slot.data == nb_id:
+                        self._keep(slot, msg.data, meta)
 
     def _clear(self, rank: int, wait: bool) -> None:
         if not self.jupyter:
@@ -240,6 +276,62 @@ class RichOutput:
         for slot in view.shown:
             self._blank(slot)
         view.free, view.shown, view.clear_wait = view.shown + view.free, [], False
+
+    def _keep(self, slot: _Slot, data: dict, meta: dict) -> None:
+        """Remember what ``slot`` shows now, if the running cell may move it at its end."""
+        if self._order is None or not slot.tracked:
+            return
+        if slot.shows is not None:
+            self._held -= _size(slot.shows[0])
+        self._held += _size(data)
+        if self._held > REGROUP_BYTES:  # too much to keep: this cell stays as it arrived
+            for s in self._order:
+                s.shows, s.tracked = None, False
+            self._order = None
+            return
+        slot.shows = (data, meta)
+
+    def _regroup(self, order: list[_Slot]) -> None:
+        """At the end of a cell: if ranks' outputs interleaved, refill the places they took
+        in rank order (each rank's in its own order); nothing when they did not."""
+        seen: set[int] = set()
+        last = None
+        for slot in order:
+            if slot.rank != last:
+                if slot.rank in seen:
+                    break
+                seen.add(slot.rank)
+                last = slot.rank
+        else:
+            return  # each rank's outputs are together already
+        if not all(s.fresh and (s.blank or s.shows is not None) for s in order) or \
+                len({s.data for s in order}) != len(order):
+            return  # a place shares its display id (with another cell): moving it is unsafe
+        from IPython.display import publish_display_data
+
+        places = [(s.label, s.data) for s in order]
+        target = sorted(order, key=lambda s: s.rank)  # stable: each rank keeps its order
+        moved: dict[str, str] = {}
+        for (label_id, data_id), slot, was in zip(places, target, order, strict=True):
+            if slot is was:
+                continue
+            moved[slot.data] = data_id
+            if slot.blank:
+                data, meta, label, label_md = _BLANK, {}, _BLANK, {}
+            else:
+                assert slot.shows is not None
+                data, meta = slot.shows
+                label, label_md = self._label(slot.rank, slot.name)
+            if slot.blank or was.blank or slot.rank != was.rank:
+                publish_display_data(label, label_md, transient={"display_id": label_id},
+                                     update=True)
+            publish_display_data(data, meta, transient={"display_id": data_id}, update=True)
+        for (label_id, data_id), slot in zip(places, target, strict=True):
+            slot.label, slot.data = label_id, data_id
+        for view in self._views.values():  # a worker's handle updates its output's new place
+            for worker_id, nb_id in view.ids.items():
+                if nb_id in moved:
+                    view.ids[worker_id] = moved[nb_id]
 
     def _blank(self, slot: _Slot) -> None:
         from IPython.display import publish_display_data
@@ -291,6 +383,10 @@ class RichOutput:
         publish_display_data({"text/html": render_grid(named), "text/plain": text},
                              {"nbdist": {"grid": True, "ranks": list(columns),
                                          "names": [n for n, _ in named]}})
+
+
+def _size(data: dict) -> int:
+    return sum(len(v) for v in data.values() if isinstance(v, str))
 
 
 def render_grid(columns: list[tuple[str, list[dict]]]) -> str:
