@@ -140,11 +140,16 @@ def run_notebook(path: Path, timeout: int = 600, env: dict | None = None,
     nb = nbformat.read(str(path), as_version=4)
     old = {k: os.environ.get(k) for k in (env or {})}
     os.environ.update(env or {})
+    # nbclient handles SIGINT with asyncio's add_signal_handler, whose removal leaves Python's
+    # default handler, whatever was there before (SIG_IGN in a pytest started in the background
+    # by a non-interactive shell): put back what was there.
+    sigint = signal.getsignal(signal.SIGINT)
     try:
         client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
                                 resources={"metadata": {"path": str(cwd or path.parent)}})
         client.execute()
     finally:
+        signal.signal(signal.SIGINT, sigint)
         for k, v in old.items():
             if v is None:
                 os.environ.pop(k, None)
