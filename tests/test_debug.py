@@ -123,8 +123,13 @@ def test_breakpoint_outside_any_cell_is_skipped_and_logged(kernel):
     _run(kernel, "%%dist --ranks 2\nimport threading\n"
                  "def later():\n    import time; time.sleep(0.5)\n    breakpoint()\n"
                  "    print('went on')\nthreading.Thread(target=later).start()", [])
-    out, _, status = _run(kernel, "import time\ntime.sleep(6)\n"
-                                  "print('\\n'.join(nbdist.current().logs(2, tail=5)))", [])
+    # poll rank 2's log (in the kernel) until the thread went on, 30 s at most
+    out, _, status = _run(kernel, "import time\ndeadline = time.monotonic() + 30\n"
+                                  "def tail():\n"
+                                  "    return '\\n'.join(nbdist.current().logs(2, tail=5))\n"
+                                  "while 'went on' not in tail() and time.monotonic() < deadline:\n"
+                                  "    time.sleep(0.05)\n"
+                                  "print(tail())", [])
     assert status == "ok"
     assert "skipped: no notebook cell is waiting" in out and "went on" in out
 
