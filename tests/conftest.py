@@ -42,7 +42,6 @@ SLOW_ELSEWHERE = {
     "test_exit_clean.py::test_script_ending_while_the_dashboard_draws_a_file_exits_0",
     "test_interrupts.py::test_fifty_random_interrupts_leave_the_world_usable",
     "test_interrupts.py::test_random_interrupts_in_a_real_kernel",
-    "test_autoinit_loopback.py::test_fresh_local_world_listens_on_loopback_only[2]",
     "test_autoinit_loopback.py::test_loopback_even_where_the_host_name_resolves_elsewhere",
     "test_notebook_00.py::test_quickstart_runs_headless_and_passes_its_checks",
     "test_output_live.py::test_nbconvert_keeps_one_output_per_rank_with_the_final_state",

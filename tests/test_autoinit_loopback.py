@@ -93,6 +93,7 @@ def _check_loopback_only(results: list[dict]) -> None:
         assert res["env_after"] == [None, None]  # the pin is undone after joining
 
 
+@pytest.mark.slow  # real subprocess worlds: ~3-8 s each
 @pytest.mark.parametrize("n", [1, 2])
 def test_fresh_local_world_listens_on_loopback_only(tmp_path: Path, n: int):
     _check_loopback_only(_run_world(tmp_path, n))

@@ -186,6 +186,7 @@ injector.start()
 """
 
 
+@pytest.mark.slow  # a 4 s hail of interrupts
 def test_interrupts_landing_as_rpc_functions_return_leave_no_trace(world):
     """The callee's bookkeeping under a hail of interrupts: they land on every bytecode of
     ``_run_function`` (entering, the function, leaving, the after-call flush). Afterwards no

@@ -14,13 +14,12 @@ import pickle
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import ROOT, free_port
+from conftest import ROOT, free_port, wait_until
 from torch import nn
 
 import nbdist
@@ -408,7 +407,7 @@ def test_custom_partitioner_triples(world):
 def test_barrier_waits_for_all_and_raises_on_missing(world):
     c = world(2)
     with pytest.raises(todist.BarrierError) as err:  # the workers never arrive
-        todist.barrier(timeout=1)
+        todist.barrier(timeout=0.5)
     assert err.value.missing == ["worker1", "worker2"]
     assert "never arrived: worker1, worker2" in str(err.value)
 
@@ -420,13 +419,13 @@ def test_barrier_waits_for_all_and_raises_on_missing(world):
     # a follower whose leader (worker1) never comes
     with pytest.raises(nbdist.DistCellError, match="never arrived: worker1"):
         c.run("import nbdist.parallel as todist\n"
-              "todist.barrier(['worker1', 2], timeout=1)", ranks=[2], show=False)
+              "todist.barrier(['worker1', 2], timeout=0.5)", ranks=[2], show=False)
     # the leader (this notebook) gives up: worker1, already waiting, fails at once with why
     exec_id = c.send_cell("todist.barrier(timeout=60)", [1])
     waiting = barrier_module._waiting
-    deadline = time.monotonic() + 60
-    while "worker1" not in waiting.get(tuple(c.names), {}) and time.monotonic() < deadline:
-        time.sleep(0.02)  # the leader must give up while worker1 waits, not before it came
+    # the leader must give up while worker1 waits, not before it came
+    wait_until(lambda: "worker1" in waiting.get(tuple(c.names), {}), 60,
+               "worker1 waiting at the notebook's barrier")
     with pytest.raises(todist.BarrierError, match="never arrived: worker2"):
         todist.barrier(timeout=1.5)
     with pytest.raises(nbdist.DistCellError, match="timed out after 1.5s; never arrived: worker2"):

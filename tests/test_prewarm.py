@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from conftest import wait_gone
 
 CHILD = r'''
@@ -43,6 +44,7 @@ def run_child(env_value: str | None, what: str = "look") -> dict:
     return json.loads(line[len("RESULT "):])
 
 
+@pytest.mark.slow  # a fresh Python, IPython and a two-rank world: ~5 s
 def test_load_ext_starts_the_template_and_returns_at_once():
     out = run_child(None, "start")
     assert out["template_pid"] is not None

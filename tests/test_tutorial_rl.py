@@ -144,6 +144,7 @@ observer_logs = [r.rpc_sync().get_log() for r in agent.ob_rrefs]
 '''
 
 
+@pytest.mark.slow  # the tutorial's whole run through the magics: ~3 s
 @pytest.mark.timeout(300)
 def test_tutorial_rl_through_magics(ipython, capsys):
     import nbdist
