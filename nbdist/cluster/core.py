@@ -166,7 +166,7 @@ class Cluster:
             rpc_hooks.set_after_reply(self._show_output_of)
             self._rank0 = Rank0(spec, self.names, self._world_dir, self.epoch,
                                 store=self._store.store if self._store else None,
-                                ifname=iface.name if iface else "lo")
+                                iface=iface)
             SESSION.settle_joiner(watch.deadline)
             self._rank0.join(watch)
             watch.wait_ready()

@@ -18,9 +18,10 @@ from datetime import timedelta
 from typing import Any
 
 from ..errors import DistTimeoutError, StartError, WorkerDiedError
-from ..patches import quiet, rpc_hooks, rref_reset, shipping
+from ..patches import quiet, rpc_hooks, rref_reset, shipping, tp_address
 from ..proc.channel import HandshakeError, Listener
 from ..proc.launch import describe_exit
+from ..proc.netif import Interface
 from ..proc.protocol import Hello, ProtocolError
 from ..spec import WorldSpec
 from ..telemetry import tracing
@@ -165,9 +166,11 @@ class Rank0:
     """The notebook's own membership in a world: joins in an owned thread, leaves at stop."""
 
     def __init__(self, spec: WorldSpec, names: list[str], world_dir: str, epoch: int,
-                 store: Any = None, ifname: str = "lo") -> None:
+                 store: Any = None, iface: Interface | None = None) -> None:
         self.spec, self.names, self.world_dir, self.epoch = spec, names, world_dir, epoch
-        self.store, self.ifname = store, ifname  # a host world's MemoryStore and interface
+        self.store = store  # a host world's MemoryStore
+        self.ifname = iface.name if iface is not None else "lo"
+        self.address = iface.address if iface is not None else "127.0.0.1"
         self.rpc_up = False
         self.pg_up = False
         self.joiner: threading.Thread | None = None
@@ -188,6 +191,12 @@ class Rank0:
         rpc_hooks.install_caller()
         rpc_hooks.quiet_warnings()
         tracing.install(0, self.names[0])
+        if not tp_address.pin(self.address) and tp_address.current() not in (None,
+                                                                               self.address):
+            raise StartError(f"rank 0's RPC address is fixed at {tp_address.current()} in "
+                             f"this process (this torch build hides it from nbdist), so it "
+                             f"cannot listen on {self.address}; restart the kernel and "
+                             "start this world first")
         # rendezvous waits are bounded by what is left of the start deadline, so the joining
         # thread ends by then even if the workers never come; the real timeout is set after
         left = max(watch.deadline - time.monotonic(), 1.0)

@@ -23,12 +23,12 @@ and a second world in one process refuses RRef work loudly instead of corrupting
 from __future__ import annotations
 
 import ctypes
-import mmap
-import os
 import re
-import struct
 import sys
 from functools import lru_cache
+
+from .elf import elf_symbols as _elf_symbols
+from .elf import libtorch_cpu as _libtorch_cpu
 
 __all__ = ["available", "next_id", "reset_singleton", "start_ids_at"]
 
@@ -38,42 +38,6 @@ _GUARD = "_ZGVZN5torch11distributed3rpc11RRefContext11getInstanceEvE7context"
 _NEXT_ID = "_ZN5torch11distributed3rpc11RRefContext12nextLocalId_E"
 _DTOR = "_ZN5torch11distributed3rpc11RRefContextD1Ev"
 _LOCAL_ID = re.compile(r"local_id=(\d+)")
-
-
-def _libtorch_cpu() -> str:
-    import torch
-
-    return os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so")
-
-
-def _elf_symbols(path: str, names: list[str]) -> dict[str, int]:
-    """``st_value`` of each named symbol in the ELF ``.symtab`` of ``path``."""
-    import numpy as np
-
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-        if mm[:4] != b"\x7fELF" or mm[4] != 2:
-            return {}
-        shoff, = struct.unpack_from("<Q", mm, 0x28)
-        shentsize, shnum = struct.unpack_from("<HH", mm, 0x3A)
-        sections = [struct.unpack_from("<IIQQQQIIQQ", mm, shoff + i * shentsize)
-                    for i in range(shnum)]
-        symtab = next((s for s in sections if s[1] == 2), None)  # SHT_SYMTAB
-        if symtab is None:
-            return {}
-        strtab = sections[symtab[6]]
-        str_off, str_size = strtab[4], strtab[5]
-        wanted = {}
-        for name in names:
-            pos = mm.find(b"\0" + name.encode() + b"\0", str_off, str_off + str_size)
-            if pos >= 0:
-                wanted[pos + 1 - str_off] = name
-        dtype = np.dtype([("name", "<u4"), ("info", "u1"), ("other", "u1"), ("shndx", "<u2"),
-                          ("value", "<u8"), ("size", "<u8")])
-        table = np.frombuffer(mm, dtype=dtype, count=symtab[5] // 24, offset=symtab[4])
-        hits = np.nonzero(np.isin(table["name"], np.array(list(wanted), dtype="<u4")))[0]
-        found = {wanted[int(table["name"][i])]: int(table["value"][i]) for i in hits}
-        del table
-        return found
 
 
 @lru_cache(maxsize=1)

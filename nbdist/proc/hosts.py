@@ -176,11 +176,16 @@ class HostAgent(Template):
 
     def close(self, timeout: float = 5.0) -> None:
         """Ask the agent to exit (it kills its ranks); end the launcher."""
-        conn = self.conn
+        conn, proc = self.conn, self.proc
         self.lost = self.lost or "closed"
         super().close(timeout)  # sends Exit, waits for the launcher, joins the reader
         if conn is not None:
             conn.close(timeout=0)
+        if proc is not None and proc.stdin is not None:
+            try:
+                proc.stdin.close()
+            except OSError:
+                pass
 
 
 def start_agents(agents: list[HostAgent], key: bytes, deadline: float,
@@ -231,5 +236,10 @@ def start_agents(agents: list[HostAgent], key: bytes, deadline: float,
                 continue
             agent.attach(chan, ready)
             del waiting[ready.host]
+    except BaseException:
+        for agent in todo:
+            if not agent.alive():
+                agent.close(timeout=1.0)  # a launcher still trying is stopped with the start
+        raise
     finally:
         listener.close()

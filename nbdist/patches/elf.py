@@ -1,0 +1,47 @@
+"""Symbols of libtorch's ELF symbol table, for the few process-wide statics nbdist must reset
+between worlds (``rref_reset``, ``tp_address``)."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+
+__all__ = ["elf_symbols", "libtorch_cpu"]
+
+
+def libtorch_cpu() -> str:
+    """The path of the loaded torch's ``libtorch_cpu.so``."""
+    import torch
+
+    return os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so")
+
+
+def elf_symbols(path: str, names: list[str]) -> dict[str, int]:
+    """``st_value`` of each named symbol in the ELF ``.symtab`` of ``path``."""
+    import numpy as np
+
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        if mm[:4] != b"\x7fELF" or mm[4] != 2:
+            return {}
+        shoff, = struct.unpack_from("<Q", mm, 0x28)
+        shentsize, shnum = struct.unpack_from("<HH", mm, 0x3A)
+        sections = [struct.unpack_from("<IIQQQQIIQQ", mm, shoff + i * shentsize)
+                    for i in range(shnum)]
+        symtab = next((s for s in sections if s[1] == 2), None)  # SHT_SYMTAB
+        if symtab is None:
+            return {}
+        strtab = sections[symtab[6]]
+        str_off, str_size = strtab[4], strtab[5]
+        wanted = {}
+        for name in names:
+            pos = mm.find(b"\0" + name.encode() + b"\0", str_off, str_off + str_size)
+            if pos >= 0:
+                wanted[pos + 1 - str_off] = name
+        dtype = np.dtype([("name", "<u4"), ("info", "u1"), ("other", "u1"), ("shndx", "<u2"),
+                          ("value", "<u8"), ("size", "<u8")])
+        table = np.frombuffer(mm, dtype=dtype, count=symtab[5] // 24, offset=symtab[4])
+        hits = np.nonzero(np.isin(table["name"], np.array(list(wanted), dtype="<u4")))[0]
+        found = {wanted[int(table["name"][i])]: int(table["value"][i]) for i in hits}
+        del table
+        return found

@@ -1,0 +1,75 @@
+"""Choose the address rank 0's TensorPipe listens on, world after world.
+
+torch computes that address once per process (``TensorPipeAgent::guessAddress`` keeps it in a
+function-local static, from ``TP_SOCKET_IFNAME`` at the first ``init_rpc``), so after a local
+world on loopback the notebook would advertise ``127.0.0.1`` to remote hosts, and after a
+world across hosts a local world would listen on the network. ``pin(address)`` rewrites that
+static in place before ``init_rpc``: an IPv4 address always fits std::string's inline buffer
+(15 characters), so only bytes inside the string object change. Verified by
+``tests/test_multihost.py`` (a local world, then one across hosts, then a local one again).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ipaddress
+import sys
+from functools import lru_cache
+
+from .elf import elf_symbols, libtorch_cpu
+
+__all__ = ["current", "pin"]
+
+_FN = "_ZN5torch11distributed3rpc15TensorPipeAgent12guessAddressB5cxx11Ev"
+_VALUE = "_ZZN5torch11distributed3rpc15TensorPipeAgent12guessAddressB5cxx11EvE9uvAddress"
+_GUARD = "_ZGVZN5torch11distributed3rpc15TensorPipeAgent12guessAddressB5cxx11EvE9uvAddress"
+_INLINE = 15  # characters std::string (libstdc++, C++11 ABI) holds without allocating
+
+
+@lru_cache(maxsize=1)
+def _addresses() -> tuple[int, int] | None:
+    """Runtime addresses of the cached std::string and its initialisation guard, or None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    path = libtorch_cpu()
+    try:
+        syms = elf_symbols(path, [_FN, _VALUE, _GUARD])
+        fn = ctypes.cast(getattr(ctypes.CDLL(path), _FN), ctypes.c_void_p).value
+    except (OSError, AttributeError, ValueError):
+        return None
+    if len(syms) != 3 or not fn:
+        return None
+    base = fn - syms[_FN]
+    return base + syms[_VALUE], base + syms[_GUARD]
+
+
+def current() -> str | None:
+    """The address torch cached, or None if it has not computed one yet (or cannot tell)."""
+    addrs = _addresses()
+    if addrs is None or ctypes.c_uint8.from_address(addrs[1]).value == 0:
+        return None
+    value, _ = addrs
+    ptr = ctypes.c_uint64.from_address(value).value
+    length = ctypes.c_uint64.from_address(value + 8).value
+    if ptr != value + 16 or length > _INLINE:
+        return None
+    return ctypes.string_at(value + 16, length).decode()
+
+
+def pin(address: str) -> bool:
+    """Make rank 0's next TensorPipe agent listen on ``address`` (an IPv4 address); True when
+    done or nothing is cached yet (then ``TP_SOCKET_IFNAME`` decides, as usual)."""
+    ipaddress.IPv4Address(address)  # never anything but an address into that buffer
+    addrs = _addresses()
+    if addrs is None:
+        return False
+    value, guard = addrs
+    if ctypes.c_uint8.from_address(guard).value == 0:
+        return True  # not computed yet: the environment variable is read at first use
+    ptr = ctypes.c_uint64.from_address(value).value
+    if ptr != value + 16 or len(address) > _INLINE:
+        return False  # not the inline layout this relies on: leave it alone
+    raw = address.encode()
+    ctypes.memmove(value + 16, raw + b"\0", len(raw) + 1)
+    ctypes.c_uint64.from_address(value + 8).value = len(raw)
+    return current() == address
