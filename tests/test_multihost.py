@@ -372,3 +372,53 @@ def test_a_local_world_after_a_host_world_listens_on_loopback_only(own):
         assert rpc.rpc_sync(c.names[1], os.getpid) == c.ranks[1].pid
     finally:
         c.stop()
+
+
+def test_process_group_logs_and_tracing_span_hosts(own):
+    fh = own
+    c = _start(fh, process_group="gloo")
+    try:
+        code = ("import torch, torch.distributed as dist, nbdist\n"
+                "t = torch.tensor([float(dist.get_rank())])\n"
+                "dist.all_reduce(t)\n"
+                "nbdist.log(total=t.item())\n"
+                "t.item()")
+        exec_id = c.send_cell(code, list(range(1, 6)))
+        ns: dict = {}
+        exec(code, ns)  # rank 0 takes part in the collective, as `%%dist --local` does
+        results = c.report(c.collect(exec_id, list(range(1, 6)), 60), list(range(1, 6)),
+                           show=False)
+        assert ns["t"].item() == 15.0 and set(results.values()) == {"15.0"}
+        c.flush()
+        logged = {r["rank"] for r in nbdist.history(key="total")}
+        assert {1, 2, 3, 4, 5} <= logged
+        nbdist.rpc_stats()  # tracing on: calls to every host are counted
+        for r in (2, 4):
+            rpc.rpc_sync(c.names[r], os.getpid)
+        stats = str(nbdist.rpc_stats())
+        assert c.names[2] in stats and c.names[4] in stats
+    finally:
+        c.stop()
+        nbdist.clear_history()
+
+
+def test_a_module_the_host_lacks_is_named_with_the_host(own, tmp_path, monkeypatch):
+    """A module importable here only (by reference) fails on the remote host by name."""
+    fh = own
+    pkg = tmp_path / "onlyhere_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("def answer():\n    return 42\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import onlyhere_pkg
+
+    c = nbdist.start(0, hosts={fh.ns["a"]: 1}, iface=fh.address, launcher=fh.launcher,
+                     quiet=True)
+    try:
+        os.rename(pkg, tmp_path / "moved_pkg")  # gone from the shared filesystem
+        with pytest.raises(Exception) as info:
+            rpc.rpc_sync(c.names[1], onlyhere_pkg.answer)
+        text = str(info.value)
+        assert "onlyhere_pkg" in text and fh.ns["a"] in text, text
+    finally:
+        c.stop()
+        sys.modules.pop("onlyhere_pkg", None)

@@ -53,6 +53,13 @@ def test_rref_context_symbols_are_found():
     assert hasattr(ctypes.PyDLL(rref_reset._libtorch_cpu()), rref_reset._DTOR)
 
 
+def test_tensorpipe_address_static_is_found():
+    """rank 0 re-pins TensorPipe's per-process address before each world (tp_address)."""
+    from nbdist.patches import tp_address
+
+    assert tp_address._addresses() is not None
+
+
 def test_async_execution_marker_attribute():
     import torch.distributed.rpc as rpc
 

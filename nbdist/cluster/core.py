@@ -164,6 +164,7 @@ class Cluster:
             SESSION.current = self
             rpc_hooks.set_death_check(self._check_dest, self._interrupt_dest)
             rpc_hooks.set_after_reply(self._show_output_of)
+            rpc_hooks.set_locator(self._remote_label)
             self._rank0 = Rank0(spec, self.names, self._world_dir, self.epoch,
                                 store=self._store.store if self._store else None,
                                 iface=iface)
@@ -263,6 +264,12 @@ class Cluster:
         rank = self._rank_of(dest)
         if rank:
             self._receiver.caught_up(rank, timeout=0.5)
+
+    def _remote_label(self, dest: Any) -> str | None:
+        """``rank 3 (worker3) on node2`` for a rank on another host, else None."""
+        rank = self._rank_of(dest)
+        info = self.ranks.get(rank) if rank is not None else None
+        return info.label() if info is not None and info.host else None
 
     def _rank_of(self, dest: Any) -> int | None:
         if isinstance(dest, int):
@@ -426,6 +433,7 @@ class Cluster:
             self.router.muted = True
             rpc_hooks.set_death_check(None)
             rpc_hooks.set_after_reply(None)
+            rpc_hooks.set_locator(None)
             tracing.set_peers(None)
             if self._rank0 is not None:  # first, so rank 0's agent does not complain
                 self._rank0.leave()

@@ -20,6 +20,7 @@ import collections
 import ctypes
 import importlib.abc
 import importlib.machinery
+import re
 import sys
 import threading
 import time
@@ -37,6 +38,7 @@ __all__ = [
     "reset_world_state",
     "set_after_reply",
     "set_death_check",
+    "set_locator",
     "set_on_failure",
     "wait_future",
 ]
@@ -52,6 +54,7 @@ _after_call: Callable[[], None] | None = None
 _on_interrupt: Callable[[Any], None] | None = None
 _after_reply: Callable[[Any], None] | None = None
 _on_failure: Callable[[BaseException, Any], None] | None = None
+_locator: Callable[[Any], str | None] | None = None
 _last_failed: Any = None  # destination of the last rpc_sync that raised
 _caller_installed = False
 _callee_installed = False
@@ -165,6 +168,7 @@ def wait_future(fut: Any, dest: Any = None, poll: float = 0.1) -> Any:
         return fut.wait()
     except RuntimeError as exc:
         _explain_transport_error(exc, dest)
+        _explain_missing_module(exc, dest)
         raise
 
 
@@ -187,6 +191,27 @@ def _tell_replied(dest: Any) -> None:
     hook = _after_reply
     if hook is not None:
         hook(dest)
+
+
+_MISSING = re.compile(r"ModuleNotFoundError: No module named '([^']+)'")
+
+
+def _explain_missing_module(exc: BaseException, dest: Any) -> None:
+    """A module the destination cannot import, on another host: say which module and host."""
+    where = _locator(dest) if _locator is not None and dest is not None else None
+    found = _MISSING.search(str(exc))
+    if where and found:
+        raise ModuleNotFoundError(
+            f"{where} cannot import module {found.group(1)!r}, which this call needs (it "
+            "travels by reference, as an import): install it on that host, or put it where "
+            "the host's Python finds it (a shared filesystem)", name=found.group(1)) from exc
+
+
+def set_locator(hook: Callable[[Any], str | None] | None) -> None:
+    """``hook(dest)`` names a destination on another host ("rank 3 (worker3) on node2"), or
+    returns None for a local one; errors from remote hosts use it."""
+    global _locator
+    _locator = hook
 
 
 _TRANSPORT = ("eof", "pipe closed", "connection reset", "connection closed", "broken pipe")
