@@ -34,6 +34,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/rpc.py
 	$(BIN)/python bench/batching.py
 	$(BIN)/python bench/metrics.py
+	$(BIN)/python bench/multihost.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check nbdist tests bench
