@@ -23,6 +23,15 @@ from IPython.core.error import UsageError
     ("2 --name obs1 --worker-name obs{rank}", "duplicate name 'obs1'"),
     ("2 --worker-name obs{rank}{x}", "not a valid pattern"),
     ("2 --name \"unclosed", "No closing quotation"),
+    ("1 --hosts a:2", "needs --iface"),
+    ("1 --hosts a:2 --iface 0.0.0.0", "not every interface"),
+    ("1 --hosts a:2 --iface nosuch0", "is not an interface or IPv4 address"),
+    ("1 --hosts a:x --iface lo", "not a number of ranks"),
+    ("1 --hosts a:0 --iface lo", "at least one rank"),
+    ("1 --hosts a:1,a:2 --iface lo", "named twice"),
+    ("1 --hosts 'bad host:1' --iface lo", "invalid host"),
+    ("1 --hosts a:1 --iface lo --launcher 'echo {host}'", "with {host} and {command}"),
+    ("0 --hosts slurm --iface lo", "not inside a SLURM allocation"),
 ])
 def test_bad_dist_start_says_what_to_do_and_starts_nothing(ipython, line, words):
     before = child_pids()

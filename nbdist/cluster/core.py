@@ -120,13 +120,13 @@ class Cluster:
 
     # ------------------------------------------------------------------ start
     def _start(self, quiet: bool) -> None:
+        iface = netif.resolve(self.spec.iface) if self.spec.hosts else None  # bad: ValueError
         SESSION.last_spec = self.spec
         self.state.require(ClusterState.NEW, doing="start")
         self.state = ClusterState.STARTING
         t0 = time.monotonic()
         spec = self.spec
         watch = StartWatch(self.ranks, t0 + spec.start_timeout, spec.start_timeout, self._cv)
-        iface = netif.resolve(spec.iface) if spec.hosts else None
         template = SESSION.get_template()
         if spec.n:
             template.ensure_started()  # imports torch in parallel with us
