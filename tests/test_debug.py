@@ -138,3 +138,22 @@ def test_pythonbreakpoint_0_disables_breakpoints(world):
     c = world(1)
     c.run("import os\nos.environ['PYTHONBREAKPOINT'] = '0'", show=False)
     assert c.run("breakpoint()\n'ran through'", show=False, timeout=30) == {1: "'ran through'"}
+
+
+@pytest.mark.slow  # waits out the worker's attend window on purpose
+def test_a_slow_first_answer_at_a_breakpoint_is_still_served(kernel):
+    """The user takes longer than the worker's attend window (ATTEND_WAIT) to type at the first
+    prompt: the notebook told the worker it attends, so the breakpoint is not skipped."""
+    from nbdist.proc.debugger import ATTEND_WAIT
+
+    def slow(n: int) -> bool:
+        if n == 1:
+            time.sleep(ATTEND_WAIT + 1.5)
+        return False  # then answer as scripted
+
+    _run(kernel, "def work2(a):\n    b = a + 1\n    breakpoint()\n    return b * 10", [])
+    out, prompts, status = _run(kernel, "print('got', rpc.rpc_sync('worker1', work2, args=(4,)))",
+                                ["p a, b", "c"], on_prompt=slow)
+    assert status == "ok", out
+    assert "skipped" not in out and "[worker1] (4, 5)" in out, out
+    assert out.rstrip().endswith("got 50")

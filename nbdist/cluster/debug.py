@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from ..proc.debugger import ATTENDING
 from ..proc.protocol import DebugEnd, DebugInput, DebugPrompt
 from .ranks import RankInfo
 
@@ -34,6 +35,7 @@ class DebugDesk:
         self._waiting = 0  # main-thread waits in progress
         self._looked = 0.0  # when the main thread last looked for prompts
         self._serving = False
+        self._confirmed: set[tuple[int, int]] = set()  # (rank, session) told ATTENDING
 
     # -- receiver thread ----------------------------------------------------------------------
     def arrived(self, msg: DebugPrompt | DebugEnd) -> None:
@@ -41,7 +43,17 @@ class DebugDesk:
         if isinstance(msg, DebugPrompt) and msg.first and not self.attending():
             self._send(msg.rank, DebugInput(msg.session, None))
             return
+        if isinstance(msg, DebugPrompt) and msg.first and self._waiting > 0:
+            self._confirm(msg)  # a serving wait is in progress: it will be served
         self._inbox.append(msg)
+
+    def _confirm(self, msg: DebugPrompt) -> None:
+        """Tell the worker its breakpoint will be served (once per session)."""
+        with self._lock:
+            if (msg.rank, msg.session) in self._confirmed:
+                return
+            self._confirmed.add((msg.rank, msg.session))
+        self._send(msg.rank, DebugInput(msg.session, ATTENDING))
 
     def has_prompts(self) -> bool:
         return bool(self._inbox)
@@ -72,6 +84,8 @@ class DebugDesk:
         rank, session = prompt.rank, prompt.session
         info = self.ranks[rank]
         msg: DebugPrompt | DebugEnd = prompt
+        if prompt.first:  # queued in a grace window: it is served now
+            self._confirm(prompt)
         while True:
             if isinstance(msg, DebugEnd):
                 if msg.text.strip():

@@ -157,6 +157,9 @@ def wait_future(fut: Any, dest: Any = None, poll: float = 0.1) -> Any:
     gate.acquire()
     try:
         fut.add_done_callback(lambda _f: gate.release())
+        check = _death_check
+        if check is not None and dest is not None:
+            check(dest)  # now too: the notebook attends a breakpoint the RPC hits at once
         while not gate.acquire(timeout=poll):
             check = _death_check
             if check is not None and dest is not None:

@@ -24,9 +24,13 @@ from typing import Any
 
 from .protocol import DebugEnd, DebugPrompt, Message
 
-__all__ = ["Debugger", "RemotePdb"]
+__all__ = ["ATTENDING", "Debugger", "RemotePdb"]
 
 ATTEND_WAIT = 3.0  # seconds a breakpoint waits to learn whether the notebook attends
+# The notebook's first answer to a breakpoint when it will serve it: from then on the worker
+# waits for the typed line as long as the user takes (a human, or a session of another rank
+# served first, often takes longer than ATTEND_WAIT).
+ATTENDING = "\x00nbdist: attending"
 
 
 _REFUSED = object()
@@ -104,6 +108,8 @@ class Debugger:
             line = answers.get(timeout=ATTEND_WAIT)
         except queue.Empty:
             return _REFUSED
+        if line == ATTENDING:
+            line = answers.get()
         return _REFUSED if line is None else line
 
     def answer(self, session: int, line: str | None) -> None:
