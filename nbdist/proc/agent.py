@@ -6,7 +6,7 @@ secret is never on a command line or in an environment. It connects to the noteb
 sides prove the secret before a byte is unpickled), pins torch's data plane to the interface
 it reached the notebook through, having imported torch once, and forks that host's ranks on request
 exactly as the local template does. It exits, SIGKILLing its ranks, when the notebook's
-connection closes, when the notebook has been silent for ``SILENCE`` seconds (a link down),
+connection closes, when the notebook has been silent for ``AGENT_SILENCE`` seconds (a link down),
 or on ``Exit``.
 """
 
@@ -21,7 +21,7 @@ import sys
 
 from . import netif
 from .channel import connect
-from .hosts import HEARTBEAT, SILENCE
+from .hosts import AGENT_SILENCE, HEARTBEAT
 from .protocol import AgentReady
 from .template import preload, serve
 
@@ -80,6 +80,6 @@ def main() -> None:
     chan.send(AgentReady(request["host"], os.getpid(), socket.gethostname(), iface, address))
     try:
         serve(chan, prepare=lambda cfg: _adapt(cfg, iface), heartbeat=HEARTBEAT,
-              silence=SILENCE)
+              silence=AGENT_SILENCE)
     finally:
         os._exit(0)

@@ -5,7 +5,8 @@ same ``on_exit`` reports): its process is the launcher (``ssh host python -m nbd
 and the like), its channel the TCP connection the agent opened back to the notebook.
 ``start_agents`` launches the agents that are not running, with one join listener bound to
 ``--iface`` that closes once they are all in. Heartbeats run both ways; a host silent for
-``agent.SILENCE`` seconds, or whose connection closes, is lost (``on_lost``).
+``SILENCE`` seconds, or whose connection closes, is lost (``on_lost``); an agent whose
+notebook is silent for ``AGENT_SILENCE`` seconds ends its ranks and exits.
 """
 
 from __future__ import annotations
@@ -26,15 +27,18 @@ from .launch import Template, describe_exit
 from .netif import Interface
 from .protocol import AgentReady, Heartbeat, ProtocolError
 
-__all__ = ["HEARTBEAT", "LAUNCHERS", "SILENCE", "HostAgent", "launcher_argv", "slurm_hosts",
-           "start_agents"]
+__all__ = ["AGENT_SILENCE", "HEARTBEAT", "LAUNCHERS", "SILENCE", "HostAgent", "launcher_argv",
+           "slurm_hosts", "start_agents"]
 
 LAUNCHERS = {
     "ssh": "ssh -o BatchMode=yes {host} {command}",
     "srun": "srun --nodes=1 --ntasks=1 --nodelist={host} {command}",
 }
 HEARTBEAT = 1.0  # seconds between heartbeats, both ways
-SILENCE = 4.0  # a peer silent this long is gone (a host lost is noticed within 5 s)
+SILENCE = 4.0  # an agent silent this long is lost (a host lost is noticed within 5 s)
+# a notebook silent this long is gone, for its agents: longer, so a notebook whose Python
+# stalls for a few seconds (a long call holding the GIL) does not lose its remote ranks
+AGENT_SILENCE = 12.0
 _STDERR_KEEP = 4000  # characters of a launcher's stderr kept for error messages
 
 
