@@ -36,17 +36,20 @@ def can_make_namespaces() -> str | None:
 
 
 class FakeHosts:
-    """A bridge ``nbdbr<N>`` at 10.<N>.0.1/24 and namespaces at .2, .3, ..."""
+    """A bridge ``nbdbr<tag>`` with the notebook's address (``.1`` of a /24 picked from this
+    process's pid, so two runs at once, or the leftovers of a killed one, never share a
+    subnet) and namespaces at ``.2``, ``.3``, ..."""
 
-    def __init__(self, names: list[str], net: int = 79) -> None:
+    def __init__(self, names: list[str]) -> None:
         self.names = list(names)
-        tag = f"{os.getpid() % 10000}"
+        pid = os.getpid()
+        tag = f"{pid % 10000}"
         self.bridge = f"nbdbr{tag}"
-        self.prefix = f"10.{net}.0"
+        self.prefix = f"10.{150 + pid % 100}.{(pid // 100) % 250}"
         self.address = f"{self.prefix}.1"
         self.ns = {h: f"nbd{tag}{h}" for h in names}  # namespaces are global: names of ours
         self.addresses: dict[str, str] = {}
-        self._veths: list[str] = []
+        self.close()  # leftovers of a killed run that had our pid's tag
         try:
             _ip("link", "add", self.bridge, "type", "bridge")
             _ip("addr", "add", f"{self.address}/24", "dev", self.bridge)
@@ -56,7 +59,6 @@ class FakeHosts:
                 _ip("netns", "add", ns)
                 _ip("link", "add", outside, "type", "veth", "peer", "name", "eth0",
                     "netns", ns)
-                self._veths.append(outside)
                 _ip("link", "set", outside, "master", self.bridge)
                 _ip("link", "set", outside, "up")
                 addr = f"{self.prefix}.{i}"
@@ -85,8 +87,7 @@ class FakeHosts:
 
     def close(self) -> None:
         for ns in self.ns.values():
-            subprocess.run(["ip", "netns", "pids", ns], capture_output=True, timeout=30)
             _ip("netns", "del", ns, check=False)
-        for veth in self._veths:
-            _ip("link", "del", veth, check=False)
+        for i in range(2, len(self.names) + 2):
+            _ip("link", "del", f"nbdv{self.bridge[5:]}{i}", check=False)
         _ip("link", "del", self.bridge, check=False)
