@@ -27,11 +27,22 @@ def can_make_namespaces() -> str | None:
         return "the `ip` command (iproute2) is not installed"
     if os.geteuid() != 0:
         return "making network namespaces needs root"
-    probe = f"nbdprobe{os.getpid()}"
-    made = _ip("netns", "add", probe, check=False)
-    if made.returncode:
-        return f"`ip netns add` failed: {made.stderr.strip()}"
-    _ip("netns", "del", probe, check=False)
+    if shutil.which("ss") is None:
+        return "the `ss` command (iproute2) is not installed"
+    probe = f"nbdp{os.getpid() % 100000}"
+    steps = [("netns", "add", probe),
+             ("link", "add", f"{probe}b", "type", "bridge"),
+             ("link", "add", f"{probe}v", "type", "veth", "peer", "name", "eth0",
+              "netns", probe)]
+    try:
+        for step in steps:
+            made = _ip(*step, check=False)
+            if made.returncode:
+                return f"`ip {' '.join(step)}` failed: {made.stderr.strip()}"
+    finally:
+        _ip("link", "del", f"{probe}v", check=False)
+        _ip("link", "del", f"{probe}b", check=False)
+        _ip("netns", "del", probe, check=False)
     return None
 
 
