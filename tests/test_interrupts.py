@@ -319,3 +319,47 @@ def test_random_interrupts_in_a_real_kernel(kernel):
               f"trivial cell {took:.2f}s")
     stopped = _reply(kernel, kernel.send("%dist_stop"), 30)
     assert stopped is not None and stopped["status"] == "ok", stopped
+
+
+_SLEEPER_CELL = """
+import time
+
+def sleeper(seconds, _slow=None):
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        time.sleep(0.01)
+    return "slept"
+
+
+class SlowToUnpickle:
+    # an argument the worker takes 0.5 s to unpickle: the call starts only after that
+
+    def __setstate__(self, state):
+        time.sleep(0.5)
+        self.__dict__.update(state)
+        open(state["marker"], "w").close()  # unpickled: the call starts right after
+"""
+exec(compile(_SLEEPER_CELL, "<notebook-cell-sleeper>", "exec"), _cell_ns)
+sleeper: Callable[..., str] = _cell_ns["sleeper"]
+SlowToUnpickle = _cell_ns["SlowToUnpickle"]
+
+
+def test_ctrl_c_right_after_sending_stops_the_call_before_it_starts(world, ctrl_c, tmp_path):
+    """Ctrl-C a millisecond or two after ``rpc_sync`` sent its request: the call may not be
+    running on the worker yet (on the wire, being unpickled); it must still be stopped when
+    it starts, not run on for its 30 s."""
+    import torch.distributed.rpc as rpc
+
+    c = world(1)
+    marker = tmp_path / "unpickled"
+    slow = SlowToUnpickle()
+    slow.marker = str(marker)
+    for delay, arg in ((0.001, None), (0.1, slow)):  # the second lands while it unpickles
+        assert _interrupted(lambda a=arg: rpc.rpc_sync(c.names[1], sleeper, args=(30.0, a)),
+                            delay)
+        if arg is not None:
+            wait_until(marker.exists, 10.0, "the worker to finish unpickling the call")
+        wait_until(lambda: c.run(_ACTIVE, show=False) == {1: "0"}, 10.0,
+                   f"the call interrupted {delay * 1000:.0f} ms after sending to end on "
+                   "the worker")
+        assert rpc.rpc_sync(c.names[1], os.getpid) == c.ranks[1].pid  # later calls are fine

@@ -78,6 +78,10 @@ class Cells:
         for r in targets:
             self._send(r, Interrupt())
 
+    def interrupt_rpc(self, rank: int) -> None:
+        """KeyboardInterrupt in the RPC functions running on ``rank`` (not its cell)."""
+        self._send(rank, Interrupt(rpc_only=True))
+
     # -- waiting ------------------------------------------------------------------------------
     def collect(self, exec_id: int, targets: list[int], timeout: float | None) -> dict:
         """Wait for a cell's results; interrupts and deaths are handled, never hangs."""

@@ -28,6 +28,7 @@ from ..proc.runtime import pid_alive
 from ..spec import WorldSpec, parse_hosts, parse_ranks
 from ..telemetry import records, tracing
 from .cells import Cells
+from .followup import FollowUps
 from .ranks import ClusterState, RankInfo
 from .receiver import Receiver
 from .router import Router
@@ -113,6 +114,7 @@ class Cluster:
         self._rank0: Rank0 | None = None
         self._agents: dict[str, HostAgent] = {}  # host -> its join agent
         self._store: Any = None  # a host world's rendezvous StoreServer
+        self._followups = FollowUps(self.cells.interrupt_rpc)
 
     @property
     def running(self) -> bool:
@@ -253,11 +255,13 @@ class Cluster:
             if info.exit_code is not None:
                 raise WorkerDiedError(rank, info.name, info.reason(), "an RPC waited on it")
 
-    def _interrupt_dest(self, dest: Any) -> None:
-        """Ctrl-C stopped a wait on ``dest``: interrupt the RPC work running there too."""
+    def _interrupt_dest(self, dest: Any, fut: Any = None) -> None:
+        """Ctrl-C stopped the wait for ``fut`` on ``dest``: interrupt the RPC work running
+        there too, and again while ``fut`` is not done (the call may not have started)."""
         rank = self._rank_of(dest)
         if rank:
             self.interrupt([rank])
+            self._followups.add(rank, fut)
 
     def _show_output_of(self, dest: Any) -> None:
         """An RPC to ``dest`` returned: show what it printed before the caller goes on."""
@@ -435,6 +439,7 @@ class Cluster:
             rpc_hooks.set_after_reply(None)
             rpc_hooks.set_locator(None)
             tracing.set_peers(None)
+            self._followups.stop()
             if self._rank0 is not None:  # first, so rank 0's agent does not complain
                 self._rank0.leave()
                 if self._rank0.joiner is not None:

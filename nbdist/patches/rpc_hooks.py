@@ -51,7 +51,7 @@ _active: dict[int, set[object]] = {}
 _hit: set[int] = set()  # threads an interrupt was injected into that have not dropped it yet
 _death_check: Callable[[Any], None] | None = None
 _after_call: Callable[[], None] | None = None
-_on_interrupt: Callable[[Any], None] | None = None
+_on_interrupt: Callable[[Any, Any], None] | None = None
 _after_reply: Callable[[Any], None] | None = None
 _on_failure: Callable[[BaseException, Any], None] | None = None
 _locator: Callable[[Any], str | None] | None = None
@@ -117,9 +117,9 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
 
 
 def set_death_check(check: Callable[[Any], None] | None,
-                    on_interrupt: Callable[[Any], None] | None = None) -> None:
+                    on_interrupt: Callable[[Any, Any], None] | None = None) -> None:
     """``check(dest)`` raises when ``dest`` (name, rank or WorkerInfo) is known dead;
-    ``on_interrupt(dest)`` is told when Ctrl-C stops a wait on ``dest``."""
+    ``on_interrupt(dest, fut)`` is told when Ctrl-C stops the wait for ``fut`` on ``dest``."""
     global _death_check, _on_interrupt
     _death_check, _on_interrupt = check, on_interrupt
 
@@ -165,7 +165,7 @@ def wait_future(fut: Any, dest: Any = None, poll: float = 0.1) -> Any:
             if check is not None and dest is not None:
                 check(dest)
     except KeyboardInterrupt:
-        _tell_interrupted(dest)
+        _tell_interrupted(dest, fut)
         raise
     try:
         return fut.wait()
@@ -175,7 +175,7 @@ def wait_future(fut: Any, dest: Any = None, poll: float = 0.1) -> Any:
         raise
 
 
-def _tell_interrupted(dest: Any) -> None:
+def _tell_interrupted(dest: Any, fut: Any = None) -> None:
     """Run the ``on_interrupt`` hook once to its end, even if Ctrl-C is pressed again meanwhile
     (the caller raises KeyboardInterrupt anyway; a hook cut short would leave remote work on)."""
     hook = _on_interrupt
@@ -183,7 +183,7 @@ def _tell_interrupted(dest: Any) -> None:
         return
     for _ in range(3):
         try:
-            hook(dest)
+            hook(dest, fut)
             return
         except KeyboardInterrupt:
             continue

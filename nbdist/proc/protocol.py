@@ -199,9 +199,11 @@ class Exec(Message):
 
 @_message
 class Interrupt(Message):
-    """N→W: raise KeyboardInterrupt in the running cell and in running RPC functions."""
+    """N→W: raise KeyboardInterrupt in the running cell and in running RPC functions
+    (``rpc_only``: in RPC functions alone, for an interrupted call that had not started)."""
 
     TAG: ClassVar[str] = "interrupt"
+    rpc_only: bool = False
 
 
 @_message

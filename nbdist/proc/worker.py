@@ -289,6 +289,8 @@ def _read_commands(cells: queue.Queue) -> None:
             cells.put(msg)
         elif isinstance(msg, DebugInput):
             _debugger.answer(msg.session, msg.line)
+        elif isinstance(msg, Interrupt) and msg.rpc_only:
+            rpc_hooks.interrupt_rpc_threads()  # the cell, if any, is not the one interrupted
         elif isinstance(msg, Interrupt):
             _debugger.end_all()
             signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
