@@ -344,6 +344,7 @@ sleeper: Callable[..., str] = _cell_ns["sleeper"]
 SlowToUnpickle = _cell_ns["SlowToUnpickle"]
 
 
+@pytest.mark.slow
 def test_ctrl_c_right_after_sending_stops_the_call_before_it_starts(world, ctrl_c, tmp_path):
     """Ctrl-C a millisecond or two after ``rpc_sync`` sent its request: the call may not be
     running on the worker yet (on the wire, being unpickled); it must still be stopped when
