@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import queue
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from jupyter_client.manager import KernelManager
@@ -36,21 +37,43 @@ class Kernel:
     def send(self, code: str) -> str:
         return self.kc.execute(code)
 
-    def collect(self, msg_id: str, timeout: float = 120) -> Reply:
-        """Gather the iopub messages whose parent is ``msg_id`` until the kernel is idle."""
-        t0 = time.monotonic()
-        deadline = t0 + timeout
-        rep = Reply(status="?")
+    def messages(self, msg_id: str, timeout: float = 120,
+                 on_message: Callable[[dict], None] | None = None) -> tuple[str, list[dict]]:
+        """(reply status, every iopub message whose parent is ``msg_id``, in order, up to the
+        kernel going idle); ``on_message`` sees each message as it arrives."""
+        deadline = time.monotonic() + timeout
+        msgs = []
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError(f"kernel did not finish cell {msg_id} in {timeout}s")
             try:
-                msg = self.kc.get_iopub_msg(timeout=left)
+                msg = self.kc.get_iopub_msg(timeout=min(left, 1.0))
             except queue.Empty:
                 continue
             if msg["parent_header"].get("msg_id") != msg_id:
                 continue
+            if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+                break
+            msgs.append(msg)
+            if on_message is not None:
+                on_message(msg)
+        while True:
+            reply = self.kc.get_shell_msg(timeout=max(deadline - time.monotonic(), 1))
+            if reply["parent_header"].get("msg_id") == msg_id:
+                return reply["content"]["status"], msgs
+
+    def cell(self, code: str, on_message: Callable[[dict], None] | None = None,
+             timeout: float = 120) -> tuple[str, list[dict]]:
+        """Run ``code``: (reply status, every iopub message of the cell, in order)."""
+        return self.messages(self.send(code), timeout, on_message)
+
+    def collect(self, msg_id: str, timeout: float = 120) -> Reply:
+        """What the cell ``msg_id`` printed, raised and displayed, once the kernel is idle."""
+        t0 = time.monotonic()
+        status, msgs = self.messages(msg_id, timeout)
+        rep = Reply(status=status)
+        for msg in msgs:
             kind, content = msg["msg_type"], msg["content"]
             if kind == "stream":
                 if content["name"] == "stdout":
@@ -61,13 +84,6 @@ class Kernel:
                 rep.error = content
             elif kind in ("execute_result", "display_data"):
                 rep.outputs.append(content)
-            elif kind == "status" and content["execution_state"] == "idle":
-                break
-        while True:
-            reply = self.kc.get_shell_msg(timeout=max(deadline - time.monotonic(), 1))
-            if reply["parent_header"].get("msg_id") == msg_id:
-                break
-        rep.status = reply["content"]["status"]
         rep.seconds = time.monotonic() - t0
         return rep
 

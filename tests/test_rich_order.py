@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import base64
 import itertools
-import queue
 import random
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from kernel_helpers import Kernel, kernel_with_world
+from kernel_helpers import kernel_with_world
 
 from nbdist.cluster.rich import RichOutput
 from nbdist.proc.protocol import (
@@ -52,32 +50,6 @@ def kernel():
 
 
 # -- helpers ----------------------------------------------------------------------------------
-def _cell(k: Kernel, code: str, on_message: Callable[[dict], None] | None = None,
-          timeout: float = 120) -> tuple[str, list[dict]]:
-    """Run ``code``: (reply status, every iopub message of the cell, in order); each message
-    is handed to ``on_message`` as it arrives."""
-    msg_id = k.send(code)
-    deadline = time.monotonic() + timeout
-    msgs = []
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError(f"the kernel did not finish {code!r} in {timeout}s")
-        try:
-            msg = k.kc.get_iopub_msg(timeout=min(left, 1.0))
-        except queue.Empty:
-            continue
-        if msg["parent_header"].get("msg_id") != msg_id:
-            continue
-        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
-            break
-        msgs.append(msg)
-        if on_message is not None:
-            on_message(msg)
-    while True:
-        reply = k.kc.get_shell_msg(timeout=max(deadline - time.monotonic(), 1))
-        if reply["parent_header"].get("msg_id") == msg_id:
-            return reply["content"]["status"], msgs
 
 
 def _rank_of(content: dict) -> int | None:
@@ -151,7 +123,7 @@ def test_interleaved_displays_end_grouped_by_rank(kernel, tmp_path):
             "else:\n"
             "    wait('go-2')\n"
             "    display({'image/png': b'\\x89PNG\\r\\n\\x1a\\n2a'}, raw=True)\n")
-    status, msgs = _cell(kernel, code, _stepper(tmp_path, {(1, 1): "go-2", (2, 1): "go-1b"}))
+    status, msgs = kernel.cell(code, _stepper(tmp_path, {(1, 1): "go-2", (2, 1): "go-1b"}))
     assert status == "ok", msgs
     assert _arrivals(msgs) == [1, 2, 1]  # they did interleave
     final = _final(msgs)
@@ -164,7 +136,7 @@ def test_interleaved_displays_end_grouped_by_rank(kernel, tmp_path):
 
     # the worker's handle now updates the place where its output ended
     place = next(o["id"] for o in final if o["data"].get("text/html") == "1b")
-    status, msgs = _cell(kernel, "%%dist --ranks 1\nh.update(HTML('1b, again'))")
+    status, msgs = kernel.cell("%%dist --ranks 1\nh.update(HTML('1b, again'))")
     updates = [m["content"] for m in msgs if m["msg_type"] == "update_display_data"]
     assert status == "ok" and len(updates) == 1, msgs
     assert updates[0]["transient"]["display_id"] == place
@@ -181,7 +153,7 @@ def test_displays_that_did_not_interleave_stay_as_they_came(kernel, tmp_path):
             "    display(HTML('1b'))\n"
             "else:\n"
             "    display(HTML('2a'))\n")
-    status, msgs = _cell(kernel, code, _stepper(tmp_path, {(2, 1): "go-1"}))
+    status, msgs = kernel.cell(code, _stepper(tmp_path, {(2, 1): "go-1"}))
     assert status == "ok", msgs
     assert _arrivals(msgs) == [2, 1, 1]
     assert not [m for m in msgs if m["msg_type"] == "update_display_data"]
@@ -192,7 +164,7 @@ def test_displays_that_did_not_interleave_stay_as_they_came(kernel, tmp_path):
 @pytest.mark.kernel
 def test_a_big_bundle_arrives_whole_in_pieces_in_order_with_prints(kernel):
     before = kernel.value("nbdist.current().cells.rich.assembled")
-    status, msgs = _cell(kernel, "%%dist --ranks 1\nimport random\n"
+    status, msgs = kernel.cell("%%dist --ranks 1\nimport random\n"
                                  "from IPython.display import display\n"
                                  "data = b'\\x89PNG\\r\\n\\x1a\\n' + "
                                  "random.Random(7).randbytes(3 << 20)\n"
@@ -215,7 +187,7 @@ def test_a_big_bundle_arrives_whole_in_pieces_in_order_with_prints(kernel):
 
 @pytest.mark.kernel
 def test_a_bundle_over_the_limit_becomes_a_note(kernel):
-    status, msgs = _cell(kernel, "%%dist --ranks 2\nfrom IPython.display import display\n"
+    status, msgs = kernel.cell("%%dist --ranks 2\nfrom IPython.display import display\n"
                                  "display({'image/png': bytes(11 << 20)}, raw=True)")
     assert status == "ok", msgs
     shown = [m["content"]["data"] for m in msgs if m["msg_type"] == "display_data"

@@ -9,8 +9,6 @@ included; the others run in this process's IPython, where bundles show as text.
 from __future__ import annotations
 
 import base64
-import queue
-import time
 
 import pytest
 
@@ -24,28 +22,6 @@ PLOT = RANK + "import matplotlib.pyplot as plt\nplt.plot([0, r])\nplt.title(f'ra
 
 
 # -- helpers ----------------------------------------------------------------------------------
-def _cell(k, code: str, timeout: float = 120) -> tuple[str, list[dict]]:
-    """Run ``code`` in kernel ``k``: (reply status, every iopub message of the cell)."""
-    msg_id = k.send(code)
-    deadline = time.monotonic() + timeout
-    msgs = []
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError(f"the kernel did not finish {code!r} in {timeout}s")
-        try:
-            msg = k.kc.get_iopub_msg(timeout=min(left, 1.0))
-        except queue.Empty:
-            continue
-        if msg["parent_header"].get("msg_id") != msg_id:
-            continue
-        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
-            break
-        msgs.append(msg)
-    while True:
-        reply = k.kc.get_shell_msg(timeout=max(deadline - time.monotonic(), 1))
-        if reply["parent_header"].get("msg_id") == msg_id:
-            return reply["content"]["status"], msgs
 
 
 def _displays(msgs: list[dict], kind: str = "display_data") -> list[dict]:
@@ -65,7 +41,7 @@ def _bundles(msgs: list[dict], mime: str) -> list[dict]:
 
 def _started(kernels):
     k = kernels()
-    status, msgs = _cell(k, START)
+    status, msgs = k.cell(START)
     assert status == "ok", msgs
     return k
 
@@ -74,7 +50,7 @@ def _started(kernels):
 @pytest.mark.kernel
 def test_plots_from_two_ranks_arrive_as_labelled_pngs_and_side_by_side(kernels):
     k = _started(kernels)
-    status, msgs = _cell(k, "%%dist\n" + PLOT + "plt.show()")
+    status, msgs = k.cell("%%dist\n" + PLOT + "plt.show()")
     assert status == "ok", msgs
     pngs = _bundles(msgs, "image/png")
     assert len(pngs) == 2, [d["data"].keys() for d in _displays(msgs)]
@@ -88,12 +64,12 @@ def test_plots_from_two_ranks_arrive_as_labelled_pngs_and_side_by_side(kernels):
         assert label["metadata"]["nbdist"]["label"] is True
 
     # a figure left open at the end of the cell shows too, as in a notebook
-    status, msgs = _cell(k, "%%dist --ranks 2\n" + PLOT)
+    status, msgs = k.cell("%%dist --ranks 2\n" + PLOT)
     assert status == "ok", msgs
     assert [d["metadata"]["nbdist"]["name"] for d in _bundles(msgs, "image/png")] == ["worker2"]
 
     # --grid: one table, a column per rank, both pictures inside
-    status, msgs = _cell(k, "%%dist --grid\n" + PLOT + "plt.show()")
+    status, msgs = k.cell("%%dist --grid\n" + PLOT + "plt.show()")
     assert status == "ok", msgs
     grids = _bundles(msgs, "text/html")
     assert len(grids) == 1, _displays(msgs)
@@ -107,7 +83,7 @@ def test_plots_from_two_ranks_arrive_as_labelled_pngs_and_side_by_side(kernels):
 @pytest.mark.kernel
 def test_html_displays_rich_values_updates_clears_and_widgets(kernels):
     k = _started(kernels)
-    status, msgs = _cell(k, "%%dist\nfrom IPython.display import HTML, display\n"
+    status, msgs = k.cell("%%dist\nfrom IPython.display import HTML, display\n"
                             "print('printed first')\ndisplay(HTML('<b>hi</b>'))\n'after'")
     assert status == "ok", msgs
     assert [d["data"]["text/html"] for d in _bundles(msgs, "text/html")] == ["<b>hi</b>"] * 2
@@ -119,7 +95,7 @@ def test_html_displays_rich_values_updates_clears_and_widgets(kernels):
     assert printed < shown  # what a rank printed before a display shows before it
 
     # a last expression with _repr_html_ shows as HTML (not again as a text line)
-    status, msgs = _cell(k, "%%dist --ranks 1\nclass T:\n    def _repr_html_(self):\n"
+    status, msgs = k.cell("%%dist --ranks 1\nclass T:\n    def _repr_html_(self):\n"
                             "        return '<i>table</i>'\n    def __repr__(self):\n"
                             "        return 'T()'\nT()")
     assert status == "ok", msgs
@@ -129,7 +105,7 @@ def test_html_displays_rich_values_updates_clears_and_widgets(kernels):
     assert "T()" not in _stdout(msgs)
 
     # inside an RPC the notebook made: the display shows in the running cell
-    status, msgs = _cell(k, "import torch.distributed.rpc as rpc\n"
+    status, msgs = k.cell("import torch.distributed.rpc as rpc\n"
                             "def show(x):\n    from IPython.display import HTML, display\n"
                             "    display(HTML(f'<u>{x}</u>'))\n    return x\n"
                             "rpc.rpc_sync('worker2', show, args=(7,))")
@@ -138,17 +114,17 @@ def test_html_displays_rich_values_updates_clears_and_widgets(kernels):
             for d in _bundles(msgs, "text/html")] == [("<u>7</u>", 2)]
 
     # display ids: an update from the worker updates its output here
-    status, msgs = _cell(k, "%%dist --ranks 1\nh = display(HTML('one'), display_id=True)")
+    status, msgs = k.cell("%%dist --ranks 1\nh = display(HTML('one'), display_id=True)")
     first = _bundles(msgs, "text/html")
     assert status == "ok" and len(first) == 1, msgs
-    status, msgs = _cell(k, "%%dist --ranks 1\nh.update(HTML('two'))")
+    status, msgs = k.cell("%%dist --ranks 1\nh.update(HTML('two'))")
     updates = _displays(msgs, "update_display_data")
     assert status == "ok" and len(updates) == 1, msgs
     assert updates[0]["data"]["text/html"] == "two"
     assert updates[0]["transient"]["display_id"] == first[0]["transient"]["display_id"]
 
     # clear_output(wait=True) in a loop: one place per rank, updated, not a growing list
-    status, msgs = _cell(k, "%%dist\nfrom IPython.display import clear_output\n"
+    status, msgs = k.cell("%%dist\nfrom IPython.display import clear_output\n"
                             "for i in range(3):\n    clear_output(wait=True)\n"
                             "    display(HTML(f'frame {i}'))")
     assert status == "ok", msgs
@@ -158,7 +134,7 @@ def test_html_displays_rich_values_updates_clears_and_widgets(kernels):
     assert sorted(finals.values()) == ["frame 2", "frame 2"]
 
     # widgets live in the notebook: a worker's shows its text and says so
-    status, msgs = _cell(k, "%%dist --ranks 2\nimport ipywidgets\nipywidgets.IntSlider(3)")
+    status, msgs = k.cell("%%dist --ranks 2\nimport ipywidgets\nipywidgets.IntSlider(3)")
     assert status == "ok", msgs
     texts = [d["data"]["text/plain"] for d in _displays(msgs)
              if "IntSlider" in d["data"].get("text/plain", "")]
@@ -170,17 +146,17 @@ def test_html_displays_rich_values_updates_clears_and_widgets(kernels):
 @pytest.mark.kernel
 def test_magics_and_shell_escapes_in_a_kernel(kernels):
     k = _started(kernels)
-    status, msgs = _cell(k, "%%dist\n%timeit -n 5 -r 1 sum(range(10))")
+    status, msgs = k.cell("%%dist\n%timeit -n 5 -r 1 sum(range(10))")
     assert status == "ok", msgs
     out = _stdout(msgs)
     assert "[worker1]" in out and "[worker2]" in out and "per loop" in out, out
-    status, msgs = _cell(k, "%%dist\nx = !echo hi from $NBDIST_RANK\nx")
+    status, msgs = k.cell("%%dist\nx = !echo hi from $NBDIST_RANK\nx")
     assert status == "ok", msgs
     assert "[worker1] ['hi from 1']" in _stdout(msgs), _stdout(msgs)
     assert "[worker2] ['hi from 2']" in _stdout(msgs), _stdout(msgs)
 
     # an exception inside a magic: the usual remote traceback, from the cell's line on
-    status, msgs = _cell(k, "%%dist --ranks 1\n%timeit -n1 -r1 1/0")
+    status, msgs = k.cell("%%dist --ranks 1\n%timeit -n1 -r1 1/0")
     assert status == "error"
     err = next(m["content"] for m in msgs if m["msg_type"] == "error")
     text = "\n".join(err["traceback"])
