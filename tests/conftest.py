@@ -4,7 +4,7 @@ Helpers every test file uses (import them: ``from conftest import wait_until``):
 
 - ``wait_until(predicate, timeout, what)``: poll until ``predicate()`` is truthy; a timeout fails
   the test saying what it waited for. Deadlines mean "it hangs": ≥ 10× the expected time.
-- ``free_port()``, ``child_pids()``, ``wait_gone(pids)``.
+- ``free_port()``, ``child_pids()``, ``wait_gone(pids)``, ``listening(pids)``.
 - ``run_notebook`` / ``run_checked``: execute a notebook headless in a real kernel.
 
 Fixtures: ``world`` (in-process worlds), ``ipython`` (a shell with ``%load_ext nbdist``),
@@ -87,6 +87,16 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def listening(pids) -> list[tuple[int, str, int]]:
+    """``(pid, address, port)`` of every TCP listener these processes hold."""
+    found = []
+    for pid in pids:
+        found += [(pid, c.laddr.ip, c.laddr.port)
+                  for c in psutil.Process(pid).net_connections(kind="inet")
+                  if c.status == psutil.CONN_LISTEN]
+    return found
 
 
 def child_pids(match: str | None = None) -> set[int]:

@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.distributed.autograd as dist_autograd
 import torch.distributed.rpc as rpc
-from conftest import wait_until
+from conftest import child_pids, listening, wait_until
 from fakehosts import FakeHosts, can_make_namespaces
 
 import nbdist
@@ -162,15 +162,8 @@ def test_listeners_only_on_loopback_and_the_chosen_addresses(hostworld):
 
 
 def _listeners_of_our_processes() -> list[str]:
-    import psutil
-
-    me = psutil.Process()
-    pids = {me.pid} | {p.pid for p in me.children(recursive=True)}
-    found = []
-    for conn in psutil.net_connections(kind="inet"):
-        if conn.status == psutil.CONN_LISTEN and conn.pid in pids:
-            found.append(f"{conn.laddr.ip}:{conn.laddr.port}")
-    return found
+    """``address:port`` of the listeners of this process and its descendants."""
+    return [f"{ip}:{port}" for _, ip, port in listening({os.getpid(), *child_pids()})]
 
 
 def test_the_store_rejects_a_wrong_key_before_unpickling(hostworld, tmp_path):

@@ -7,25 +7,16 @@ import os
 import stat
 import time
 
-import psutil
 import pytest
+from conftest import listening
 
 from nbdist.cluster.session import SESSION as cl
-
-
-def _listening(pids: list[int]) -> list:
-    found = []
-    for pid in pids:
-        for conn in psutil.Process(pid).net_connections(kind="inet"):
-            if conn.status == psutil.CONN_LISTEN:
-                found.append((pid, conn.laddr.ip, conn.laddr.port))
-    return found
 
 
 def test_only_loopback_listeners_and_private_files(world):
     c = world(2, process_group="gloo")
     pids = [os.getpid(), *c.worker_pids(), cl.template.pid]
-    listeners = _listening(pids)
+    listeners = listening(pids)
     assert listeners, "expected TensorPipe/Gloo listeners"
     for pid, ip, port in listeners:
         assert ipaddress.ip_address(ip).is_loopback, f"pid {pid} listens on {ip}:{port}"
