@@ -1,10 +1,12 @@
-"""Plain-text tables: left-aligned columns two spaces apart, no trailing blanks."""
+"""Tables of strings: plain text (left-aligned columns two spaces apart, no trailing blanks)
+and the same rows as HTML, for the ``_repr_html_`` of nbdist's status and stats tables."""
 
 from __future__ import annotations
 
+import html
 from collections.abc import Sequence
 
-__all__ = ["text_table"]
+__all__ = ["html_table", "text_table"]
 
 
 def text_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -13,3 +15,14 @@ def text_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     widths = [max(len(line[i]) for line in table) for i in range(len(header))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip()
                      for line in table)
+
+
+def html_table(css_class: str, header: Sequence[str], rows: Sequence[Sequence[str]],
+               row_attrs: Sequence[str] | None = None) -> str:
+    """``header`` and ``rows`` (escaped here) as an HTML table of class ``css_class``;
+    ``row_attrs`` are put inside each row's ``<tr>`` as they are (e.g. a style)."""
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in header)
+    attrs = row_attrs if row_attrs is not None else [""] * len(rows)
+    body = "".join(f"<tr{a}>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>"
+                   for r, a in zip(rows, attrs, strict=True))
+    return f"<table class='{css_class}'><tr>{head}</tr>{body}</table>"

@@ -6,12 +6,11 @@ The warm template process outlives worlds, so it gets a row too (rank ``-``, nam
 
 from __future__ import annotations
 
-import html
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from ..table import text_table
+from ..table import html_table, text_table
 
 __all__ = ["HostTable", "StatusTable", "collect_status", "host_status"]
 
@@ -69,13 +68,8 @@ class StatusTable:
     __repr__ = __str__
 
     def _repr_html_(self) -> str:
-        head = "".join(f"<th>{html.escape(c)}</th>" for c in self.columns)
-        body = []
-        for r in self.rows:
-            color = "" if r["alive"] else ' style="color:#b00"'
-            cells = "".join(f"<td>{html.escape(c)}</td>" for c in self._cells(r))
-            body.append(f"<tr{color}>{cells}</tr>")
-        return f"<table class='nbdist-status'><tr>{head}</tr>{''.join(body)}</table>"
+        return html_table("nbdist-status", self.columns, [self._cells(r) for r in self.rows],
+                          ["" if r["alive"] else ' style="color:#b00"' for r in self.rows])
 
     def alive(self) -> dict[int, bool]:
         """``{rank: alive}`` for the world's ranks (the template row is not one)."""
@@ -141,10 +135,7 @@ class HostTable:
     __repr__ = __str__
 
     def _repr_html_(self) -> str:
-        head = "".join(f"<th>{html.escape(c)}</th>" for c in self.COLUMNS)
-        body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in self._cells(r))
-                       + "</tr>" for r in self.rows)
-        return f"<table class='nbdist-hosts'><tr>{head}</tr>{body}</table>"
+        return html_table("nbdist-hosts", self.COLUMNS, [self._cells(r) for r in self.rows])
 
 
 def host_status(cluster: Any, agents: dict[str, Any]) -> HostTable:

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import html
 import os
 import threading
 import time
@@ -48,7 +47,7 @@ from collections.abc import Callable, Iterator
 from time import perf_counter
 from typing import Any
 
-from ..table import text_table
+from ..table import html_table, text_table
 from . import records
 
 __all__ = [
@@ -554,10 +553,8 @@ class RpcStats:
     def _repr_html_(self) -> str:
         if not self.rows:
             return "<i>no RPCs traced yet</i>"
-        head = "".join(f"<th>{html.escape(c)}</th>" for c in self.COLUMNS)
-        body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in self._cells(r))
-                       + "</tr>" for r in self.rows)
-        return f"<table class='nbdist-rpc-stats'><tr>{head}</tr>{body}</table>"
+        return html_table("nbdist-rpc-stats", self.COLUMNS,
+                          [self._cells(r) for r in self.rows])
 
 
 def _human_bytes(n: float) -> str:
