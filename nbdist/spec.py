@@ -12,7 +12,6 @@ __all__ = ["WorldSpec", "max_workers", "parse_hosts", "parse_ranks"]
 
 _NAME = re.compile(r"^[A-Za-z0-9_:\-]{1,127}$")
 _HOST = re.compile(r"^[A-Za-z0-9_.@\-]{1,253}$")
-_LAUNCHERS = {"ssh": "{host} {command}", "srun": "{host} {command}"}  # built in (proc.hosts)
 # A worker costs roughly this much memory of its own (private pages after fork from the warm
 # template, RPC agent and threads); measured on torch 2.13 CPU, rounded up.
 WORKER_MB = 160
@@ -104,9 +103,6 @@ class WorldSpec:
             raise ValueError("--hosts needs --iface: the notebook's interface or address that "
                              "the hosts reach (nbdist never guesses, never listens on all "
                              "interfaces), e.g. `--iface eth0` or `--iface 10.0.0.5`")
-        if "{command}" not in _LAUNCHERS.get(self.launcher, self.launcher):
-            raise ValueError(f"--launcher {self.launcher!r} is not ssh, srun, or a template "
-                             "with {host} and {command}, e.g. 'ip netns exec {host} {command}'")
 
     def placement(self) -> list[str | None]:
         """The host of each rank: None for the notebook's machine."""

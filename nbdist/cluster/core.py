@@ -12,6 +12,7 @@ import functools
 import os
 import shutil
 import signal
+import sys
 import tempfile
 import threading
 import time
@@ -22,7 +23,7 @@ from ..errors import ClusterStateError, DistTimeoutError, StartError, WorkerDied
 from ..patches import rpc_hooks
 from ..proc import netif
 from ..proc.channel import Listener
-from ..proc.hosts import HostAgent, slurm_hosts, start_agents
+from ..proc.hosts import HostAgent, launcher_argv, slurm_hosts, start_agents
 from ..proc.protocol import Debug, Stop
 from ..proc.runtime import pid_alive
 from ..spec import WorldSpec, parse_hosts, parse_ranks
@@ -122,7 +123,10 @@ class Cluster:
 
     # ------------------------------------------------------------------ start
     def _start(self, quiet: bool) -> None:
-        iface = netif.resolve(self.spec.iface) if self.spec.hosts else None  # bad: ValueError
+        iface = None
+        if self.spec.hosts:  # bad --iface or --launcher: ValueError before anything starts
+            iface = netif.resolve(self.spec.iface)
+            launcher_argv(self.spec.launcher, "host", [sys.executable])
         SESSION.last_spec = self.spec
         self.state.require(ClusterState.NEW, doing="start")
         self.state = ClusterState.STARTING

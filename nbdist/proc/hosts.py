@@ -48,7 +48,8 @@ def launcher_argv(launcher: str, host: str, command: list[str]) -> list[str]:
     template = LAUNCHERS.get(launcher, launcher)
     if "{command}" not in template:
         raise ValueError(f"--launcher {launcher!r} has no {{command}}: use ssh, srun, or a "
-                         "template such as 'ip netns exec {host} {command}'")
+                         "template with {host} and {command}, e.g. "
+                         "'ip netns exec {host} {command}'")
     try:
         line = template.format(host=shlex.quote(host), command=shlex.join(command))
     except (KeyError, IndexError, ValueError) as exc:
@@ -192,13 +193,12 @@ class HostAgent(Template):
                 pass
 
 
-def start_agents(agents: list[HostAgent], key: bytes, deadline: float,
-                 check: Callable[[], None] | None = None) -> None:
+def start_agents(agents: list[HostAgent], key: bytes, deadline: float) -> None:
     """Launch every agent in ``agents`` that is not running and wait until each has joined.
 
     One listener on the agents' ``iface`` takes their connections and closes when they are
     all in. A launcher that ends first fails the start with its command and stderr; a peer
-    that fails the handshake is dropped and logged. ``check`` is called while waiting.
+    that fails the handshake is dropped and logged.
     """
     todo = [a for a in agents if not a.alive()]
     if not todo:
@@ -213,8 +213,6 @@ def start_agents(agents: list[HostAgent], key: bytes, deadline: float,
                 why = agent.failure()
                 if why is not None:
                     raise StartError(why)
-            if check is not None:
-                check()
             if time.monotonic() > deadline:
                 hosts = ", ".join(sorted(waiting))
                 raise DistTimeoutError(f"timed out waiting for the join agent on {hosts} to "

@@ -57,9 +57,9 @@ class MemoryStore(dist.Store):
             self._data[key] = _bytes(value)
             self._cv.notify_all()
 
-    def get(self, key: str) -> bytes:
+    def get(self, key: str, timeout: float | None = None) -> bytes:
         with self._cv:
-            self._wait_for([key], None)
+            self._wait_for([key], timeout)
             return self._data[key]
 
     def add(self, key: str, amount: int) -> int:
@@ -110,9 +110,7 @@ class MemoryStore(dist.Store):
         if op.op == "set":
             return self.set(op.key, op.value)
         if op.op == "get":
-            with self._cv:
-                self._wait_for([op.key], op.timeout or None)
-                return self._data[op.key]
+            return self.get(op.key, op.timeout or None)
         if op.op == "add":
             return self.add(op.key, op.number)
         if op.op == "compare_set":
