@@ -44,6 +44,7 @@ sys.path.insert(0, str(HERE))
 from _rpc_loops import KINDS, PAYLOADS, measure, tensor  # noqa: E402
 
 import nbdist  # noqa: E402
+from nbdist.patches import thread_states  # noqa: E402
 
 __all__ = ["NbBox", "main", "nb_echo"]
 
@@ -211,6 +212,10 @@ def render(res: dict) -> str:
              "`__main__` (as in a notebook), tracing and output routing on. Plain torch: "
              "two processes, the function imported by reference. Absolute times are noisy "
              "on a shared 2-core machine: read the ratios (same run, interleaved).", "",
+             "nbdist keeps torch's RPC threads' Python thread states between calls "
+             "(`nbdist/patches/thread_states.py`)" + ("." if res.get("thread_states_kept", True)
+                                                      else ": **not in this run** "
+                                                      "(`--unpinned`, the cost before)."), "",
              "| call | payload | plain torch median (p10-p90) | nbdist median (p10-p90) | "
              "nbdist / plain |", "|---|---|---|---|---|"]
     for kind in KINDS:
@@ -247,14 +252,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="few calls: under 2 minutes")
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--no-ipp", action="store_true", help="skip ipyparallel")
+    ap.add_argument("--unpinned", action="store_true",
+                    help="nbdist without keeping torch's RPC thread states (the cost before)")
     args = ap.parse_args(argv)
     rounds = args.rounds or (2 if args.quick else 5)
+    if args.unpinned:
+        os.environ[thread_states.ENV] = "0"
     t0 = time.monotonic()
     res: dict[str, Any] = {
         "when": datetime.datetime.now().isoformat(timespec="seconds"),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
         "torch": torch.__version__, "mode": "quick" if args.quick else "full",
-        "rounds": rounds,
+        "rounds": rounds, "thread_states_kept": not args.unpinned,
     }
     res["rpc"] = rpc_rounds(args.quick, rounds)
     if not args.no_ipp:
@@ -264,9 +273,10 @@ def main(argv: list[str] | None = None) -> int:
             res["ipyparallel_error"] = repr(exc)
     res["seconds"] = round(time.monotonic() - t0, 1)
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "rpc.json").write_text(json.dumps(res, indent=1))
+    stem = "rpc_unpinned" if args.unpinned else "rpc"
+    (RESULTS / f"{stem}.json").write_text(json.dumps(res, indent=1))
     text = render(res)
-    (RESULTS / "rpc.md").write_text(text)
+    (RESULTS / f"{stem}.md").write_text(text)
     print(text)
     print(f"{res['seconds']} s")
     return 0

@@ -92,3 +92,39 @@ def test_remote_traceback_still_shows_the_cell_after_the_code_was_cached(shell, 
         assert isinstance(res.error_in_exec, ValueError)
         assert "no 7" in str(res.error_in_exec)
         assert "raise ValueError('no ' + str(x))" in str(res.error_in_exec)
+
+
+KEEP = '''
+import threading
+def bump_local():
+    import sys
+    import threading
+    holder = sys.modules.setdefault("_nbdist_test_locals", type(sys)("_nbdist_test_locals"))
+    if not hasattr(holder, "local"):
+        holder.local = threading.local()
+    holder.local.n = getattr(holder.local, "n", 0) + 1
+    return holder.local.n
+
+class Seen(threading.local):
+    n = 0
+seen, counts = Seen(), []
+def on_done(_fut):
+    if threading.current_thread() is not threading.main_thread():
+        seen.n += 1
+        counts.append(seen.n)
+'''
+
+
+def test_rpc_threads_keep_their_python_state_between_calls(shell):
+    """torch's RPC threads keep one Python thread state (and so their thread-locals) from
+    call to call, on the callee and on the caller's callback threads: a fresh state per call
+    was most of nbdist's per-call cost (bench/rpc.py)."""
+    assert shell.run_cell(KEEP).success
+    seen_by_callee = ev(shell, "[rpc.rpc_sync('obs1', bump_local) for _ in range(64)]")
+    assert max(seen_by_callee) > 1, seen_by_callee  # 64 calls on at most 16 threads
+    assert shell.run_cell("for _ in range(64):\n"
+                          "    fu = rpc.rpc_async('obs2', f, args=(1,))\n"
+                          "    fu.add_done_callback(on_done)\n"
+                          "    fu.wait()\n").success
+    counts = ev(shell, "counts")
+    assert counts and max(counts) > 1, counts

@@ -39,7 +39,8 @@ def test_rpc_internals_patched_by_nbdist_exist():
         assert hasattr(internal, name), name
     pickler = internal._internal_rpc_pickler
     for name in ("_dispatch_table", "_py_rref_reducer", "_rref_reducer",
-                 "_script_module_reducer", "_class_reducer_dict", "serialize"):
+                 "_script_module_reducer", "_class_reducer_dict", "serialize",
+                 "deserialize"):
         assert hasattr(pickler, name), name
 
 

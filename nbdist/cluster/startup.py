@@ -18,7 +18,7 @@ from datetime import timedelta
 from typing import Any
 
 from ..errors import DistTimeoutError, StartError, WorkerDiedError
-from ..patches import quiet, rpc_hooks, rref_reset, shipping, tp_address
+from ..patches import quiet, rpc_hooks, rref_reset, shipping, thread_states, tp_address
 from ..proc.channel import HandshakeError, Listener
 from ..proc.launch import describe_exit
 from ..proc.netif import Interface
@@ -187,6 +187,7 @@ class Rank0:
                                    "in this notebook may fail after a restart; restart the "
                                    "kernel if they do\n")
         shipping.install()
+        thread_states.install()
         rpc_hooks.install_callee()
         rpc_hooks.install_caller()
         rpc_hooks.quiet_warnings()

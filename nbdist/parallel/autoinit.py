@@ -161,13 +161,14 @@ def _run_in_new_world(func: Callable[..., Any], args: tuple, kwargs: dict,
                       rpc_backend_options: Any) -> Any:
     import torch.distributed.rpc as rpc
 
-    from ..patches import rpc_hooks, shipping
+    from ..patches import rpc_hooks, shipping, thread_states
 
     info = get_world_info()
     tmp = None
     if rpc_backend_options is None:
         rpc_backend_options, tmp = _local_backend_options(info.world_size)
     shipping.install()
+    thread_states.install()
     rpc_hooks.quiet_warnings()
     try:
         with _loopback_only() if _world_is_local(info.world_size) else nullcontext():

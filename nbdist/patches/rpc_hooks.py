@@ -29,6 +29,8 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+from .thread_states import pin
+
 __all__ = [
     "install_caller",
     "install_callee",
@@ -156,7 +158,11 @@ def wait_future(fut: Any, dest: Any = None, poll: float = 0.1) -> Any:
     gate = threading.Lock()
     gate.acquire()
     try:
-        fut.add_done_callback(lambda _f: gate.release())
+        def opened(_f: Any) -> None:  # on torch's thread; its Python state is kept
+            gate.release()
+            pin()
+
+        fut.add_done_callback(opened)
         check = _death_check
         if check is not None and dest is not None:
             check(dest)  # now too: the notebook attends a breakpoint the RPC hits at once

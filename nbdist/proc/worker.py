@@ -18,7 +18,7 @@ import traceback
 from datetime import timedelta
 from typing import Any
 
-from ..patches import rpc_hooks, shipping
+from ..patches import rpc_hooks, shipping, thread_states
 from . import shell
 from .channel import Channel, ChannelBlocked, connect
 from .debugger import Debugger
@@ -218,6 +218,7 @@ def _join_world(cfg: dict) -> None:
 
     torch.set_num_threads(cfg["threads"])
     shipping.install()
+    thread_states.install()
     rpc_hooks.install_callee(after_call=_flush_streams)
     rpc_hooks.install_caller()
     from ..telemetry import tracing

@@ -47,6 +47,7 @@ from collections.abc import Callable, Iterator
 from time import perf_counter
 from typing import Any
 
+from ..patches.thread_states import pin
 from ..table import html_table, text_table
 from . import records
 
@@ -150,6 +151,7 @@ def _watch(fut: Any, callee: str, name: str, t0: float, nbytes: int) -> None:
 
     def done(_f: Any) -> None:
         _done.append((callee, name, t0, perf_counter() - t0, nbytes))
+        pin()  # torch's thread: keep its Python state for the next callback
         if len(_done) > FOLD_AT:
             _fold()
 
