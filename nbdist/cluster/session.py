@@ -22,6 +22,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
+from ..envflag import switched_on
 from ..errors import StartError
 from ..proc.hosts import HostAgent
 from ..proc.launch import Template
@@ -39,7 +40,7 @@ PREWARM_ENV = "NBDIST_PREWARM"
 
 def prewarm_enabled() -> bool:
     """Whether the template may be started before the first world (``NBDIST_PREWARM``)."""
-    return os.environ.get(PREWARM_ENV, "1").strip().lower() not in ("0", "false", "off", "no")
+    return switched_on(PREWARM_ENV)
 
 
 class Session:

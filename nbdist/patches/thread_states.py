@@ -21,23 +21,24 @@ per restart (measured 0.07 MB over 12 restarts), freed when the kernel exits.
 from __future__ import annotations
 
 import ctypes
-import os
 import threading
 from typing import Any
 
-__all__ = ["ENV", "install", "pin", "pinned"]
+from ..envflag import switched_on
+
+__all__ = ["ENV", "install", "pin"]
 
 ENV = "NBDIST_KEEP_THREAD_STATES"
 
 
 class _Pinned(threading.local):
-    """Per thread state: a new thread state reads the class default, False."""
+    """Whether this thread state is pinned: a new one reads the class default (False, or
+    True while pinning is switched off)."""
 
     done = False
 
 
 _local = _Pinned()
-_count = [0]
 _ensure = ctypes.pythonapi.PyGILState_Ensure
 _installed = False
 
@@ -48,21 +49,13 @@ def pin() -> None:
     if not local.done:
         local.done = True
         _ensure()
-        _count[0] += 1
-
-
-def pinned() -> int:
-    """How many thread states this process has pinned."""
-    return _count[0]
 
 
 def install() -> None:
     """Pin each thread that unpickles an RPC message in this process (idempotent)."""
     global _installed
-    if os.environ.get(ENV, "1").strip().lower() in ("0", "false", "off", "no"):
-        _Pinned.done = True  # every thread reads "already pinned": pin() does nothing
-        return
-    if _installed:
+    _Pinned.done = not switched_on(ENV)  # off: every thread reads "pinned", pin() does nothing
+    if _Pinned.done or _installed:
         return
     from torch.distributed.rpc import internal
 

@@ -47,6 +47,7 @@ from collections.abc import Callable, Iterator
 from time import perf_counter
 from typing import Any
 
+from ..envflag import switched_on
 from ..patches.thread_states import pin
 from ..table import html_table, text_table
 from . import records
@@ -71,7 +72,7 @@ KEEP_PER_KEY = 100_000  # latencies kept per (caller, callee, function) for perc
 KEEP_TIMELINE = 50_000  # most recent calls kept for the dashboard's plots over time
 FOLD_AT = 10_000  # rank 0 folds its finished calls into the aggregates beyond this many
 
-_enabled = os.environ.get(ENV, "1").lower() not in ("0", "false", "off", "no")
+_enabled = switched_on(ENV)
 _armed = False
 _on = False  # _enabled and _armed: the one flag the hot path reads
 _caller = "worker0"
@@ -294,7 +295,7 @@ def install(rank: int, name: str) -> None:
         _caller = name
         _armed = False
         if rank != 0:  # a worker takes the notebook's setting through its environment
-            _enabled = os.environ.get(ENV, "1").lower() not in ("0", "false", "off", "no")
+            _enabled = switched_on(ENV)
         _update()
         if _installed:
             return
