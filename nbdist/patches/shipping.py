@@ -18,6 +18,14 @@ what runs is what cloudpickle would have shipped: a cell that redefines a functi
 code object, hence a new digest, hence a full send. A callee that gets a digest before the
 request that defines it (torch may run two requests of one pipe in parallel threads) waits for
 it, up to ``CODE_WAIT`` seconds. ``install()`` (every new world) forgets what peers hold.
+
+Each rank has its own ``__main__`` (``mirror``): a function from a notebook's (or a worker's)
+``__main__`` is rebuilt once per digest against the receiving rank's ``__main__``, its globals
+merged there by mirror's rule; arriving back in the process that defined it, it *is* the
+original object (digests name their origin), so it runs with its real globals and closure.
+Classes likewise: a by-value class gets its attributes once per process, and never from a copy
+in the process that defined it. Locks, queues and their kin reached from shipped code arrive
+fresh (``fresh``); anything else that cannot travel is named with the chain that reached it.
 """
 
 from __future__ import annotations
@@ -32,10 +40,13 @@ import sys
 import threading
 import time
 import types
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 import cloudpickle
+
+from . import culprit, fresh, mirror
 
 __all__ = ["CODE_WAIT", "dumps", "forget_peers", "install", "installed", "register_patched"]
 
@@ -69,13 +80,6 @@ def _cached_submodules(code: types.CodeType, deps: Any) -> list:
 
 
 cloudpickle.cloudpickle._find_imported_submodules = _cached_submodules
-
-
-def _with_source(filename: str, lines: list[str], make: Callable, args: tuple) -> Any:
-    """Unpickling hook: register a cell's source lines, then build the function."""
-    if filename not in linecache.cache:
-        linecache.cache[filename] = (sum(map(len, lines)), None, lines, filename)
-    return make(*args)
 
 
 def _cell_source(filename: str) -> list[str] | None:
@@ -126,7 +130,9 @@ CODE_WAIT = 30.0  # seconds a callee waits for the request that defines a digest
 _KEEP_CODES = 4096  # code objects remembered by a caller (then forgotten: sent again in full)
 _KEEP_KNOWN = 65536  # code objects remembered by a callee
 
-_fns: dict[int, tuple] = {}  # id(func) -> (func, static parts, digest, global names)
+# id(func) -> (func, static parts, digest, global names, a copy built here?)
+_fns: dict[int, tuple] = {}
+_by_digest: dict[str, types.FunctionType] = {}  # digest -> the original, or the copy built here
 _sent: set[tuple[str, str]] = set()  # (destination name, digest) it holds
 _known: dict[str, tuple] = {}  # digest -> static parts of a function, callee side
 _known_cv = threading.Condition()
@@ -135,7 +141,7 @@ _nonce: list = [os.urandom(6).hex(), itertools.count(1)]  # digest prefix, count
 
 class _Tls(threading.local):
     dest: str | None = None  # the destination of the request being pickled on this thread
-    pending: Any = None  # (dest, [digests]) to mark as sent once the request went out
+    pending: Any = None  # (dest, [digests], [globals]) to mark sent once the request went out
 
 
 _tls = _Tls()
@@ -145,6 +151,7 @@ def _after_fork() -> None:
     """A forked child is a new peer: its own digests, nothing sent, nothing known."""
     _nonce[:] = [os.urandom(6).hex(), itertools.count(1)]
     _fns.clear()
+    _by_digest.clear()
     _sent.clear()
     _known.clear()
 
@@ -153,8 +160,9 @@ os.register_at_fork(after_in_child=_after_fork)
 
 
 def forget_peers() -> None:
-    """A new world: its processes hold none of our code yet."""
+    """A new world: its processes hold none of our code or values yet."""
     _sent.clear()
+    mirror.forget_peers()
 
 
 def _static_of(func: types.FunctionType) -> tuple[tuple, str, tuple]:
@@ -163,33 +171,47 @@ def _static_of(func: types.FunctionType) -> tuple[tuple, str, tuple]:
     entry = _fns.get(id(func))
     if entry is not None and entry[0] is func:
         old = entry[1]
+        if entry[4]:  # a copy built here keeps its origin's digest (its code is fixed)
+            return old, entry[2], entry[3]
         if (old[0] is func.__code__ and old[1] is func.__name__ and old[2] is func.__qualname__
                 and old[3] is func.__module__ and old[4] is func.__doc__
                 and old[5] is func.__annotations__):
             return old, entry[2], entry[3]
     static = (func.__code__, func.__name__, func.__qualname__, func.__module__, func.__doc__,
               func.__annotations__)
-    if len(_fns) >= _KEEP_CODES:
-        _fns.clear()
-        _sent.clear()  # a digest we forget may be given again: send its code again too
+    _make_room()
     digest = f"{_nonce[0]}.{next(_nonce[1])}"  # next() is atomic: threads never share one
     names = tuple(cloudpickle.cloudpickle._extract_code_globals(func.__code__))
-    _fns[id(func)] = (func, static, digest, names)
+    _fns[id(func)] = (func, static, digest, names, False)
+    _by_digest[digest] = func
     return static, digest, names
+
+
+def _make_room() -> None:
+    if len(_fns) >= _KEEP_CODES:
+        _fns.clear()
+        _by_digest.clear()
+        _sent.clear()  # a digest we forget may be given again: send its code again too
 
 
 _EMPTY = cloudpickle.cloudpickle._empty_cell_value
 
 
-def _dynamic_state(func: types.FunctionType, names: tuple) -> tuple:
-    """What of ``func`` travels on every call: the globals it reads, defaults, closure values,
-    attributes (and the submodules it uses, imported on arrival as cloudpickle does)."""
+def _dynamic_state(func: types.FunctionType, names: tuple, dest: str | None) -> tuple:
+    """What of ``func`` travels on every call: the globals it reads (for a ``__main__``
+    function as mirror entries: values this destination holds already go as a marker),
+    defaults, closure values, attributes (and the submodules it uses, imported on arrival
+    as cloudpickle does)."""
     g = func.__globals__
-    f_globals = {k: g[k] for k in names if k in g}
+    if g.get("__name__") == "__main__":
+        f_globals: Any = mirror.outgoing(dest, g, names)
+        values = [v for _, v in f_globals[1] if v is not mirror.UNCHANGED]
+    else:
+        f_globals = {k: g[k] for k in names if k in g}
+        values = list(f_globals.values())
     closure = func.__closure__
     cells = None if closure is None else tuple(
         cloudpickle.cloudpickle._get_cell_contents(c) for c in closure)
-    values = list(f_globals.values())
     if cells:
         values.extend(cells)
     subs = _cached_submodules(func.__code__, values) if values else None
@@ -198,9 +220,16 @@ def _dynamic_state(func: types.FunctionType, names: tuple) -> tuple:
 
 
 def _set_dynamic(func: types.FunctionType, state: tuple) -> None:
-    """Unpickling hook (the state setter of ``_make_new``/``_make_known``)."""
+    """Unpickling hook (the state setter of ``_make_new``/``_make_known``): nothing for the
+    original (it arrived back where it was defined), else the copy's globals, defaults,
+    closure values and attributes."""
+    if func not in _copies:
+        return  # the original: its own globals, closure and defaults are the real ones
     f_globals, defaults, kwdefaults, cells, fdict, _subs = state
-    func.__globals__.update(f_globals)
+    if type(f_globals) is tuple:
+        mirror.merge(f_globals[0], f_globals[1], func.__globals__)
+    else:
+        func.__globals__.update(f_globals)
     if defaults is not None:
         func.__defaults__ = defaults
     if kwdefaults is not None:
@@ -213,22 +242,43 @@ def _set_dynamic(func: types.FunctionType, state: tuple) -> None:
         func.__dict__.update(fdict)
 
 
-def _build(static: tuple, base_globals: dict) -> types.FunctionType:
+def _build(digest: str, static: tuple, base_globals: dict | None) -> types.FunctionType:
+    """The copy of a function from elsewhere, once per digest: against this rank's
+    ``__main__`` (``base_globals`` is None) or, for other modules' code, a dict of its own."""
     code, name, qualname, module, doc, annotations = static
-    base_globals["__builtins__"] = builtins
+    if base_globals is None:
+        g = mirror.main_namespace()
+    else:
+        g = base_globals
+        g["__builtins__"] = builtins
     closure = tuple(types.CellType() for _ in code.co_freevars) if code.co_freevars else None
-    func = types.FunctionType(code, base_globals, name, None, closure)
+    func = types.FunctionType(code, g, name, None, closure)
     func.__qualname__ = qualname
     func.__module__ = module
     func.__doc__ = doc
     if annotations:
         func.__annotations__ = dict(annotations)
+    with _known_cv:
+        hit = _by_digest.get(digest)
+        if hit is not None:  # another thread built it meanwhile
+            return hit
+        _make_room()
+        _fns[id(func)] = (func, static, digest, tuple(
+            cloudpickle.cloudpickle._extract_code_globals(code)), True)
+        _by_digest[digest] = func
+        _copies.add(func)
     return func
 
 
 def _make_new(digest: str, static: tuple, filename: str, lines: list[str] | None,
-              base_globals: dict) -> types.FunctionType:
-    """Unpickling hook: a function whose code comes with it (the first time to this rank)."""
+              base_globals: dict | None) -> types.FunctionType:
+    """Unpickling hook: a function whose code comes with it (the first time to this rank);
+    the original itself if it was defined here."""
+    hit = _by_digest.get(digest)
+    if hit is not None:
+        return hit
+    if filename and static[0].co_filename != filename:
+        static = (_with_filename(static[0], filename), *static[1:])
     if lines is not None and filename not in linecache.cache:
         linecache.cache[filename] = (sum(map(len, lines)), None, lines, filename)
     if digest not in _known:
@@ -237,11 +287,22 @@ def _make_new(digest: str, static: tuple, filename: str, lines: list[str] | None
                 _known.pop(next(iter(_known)))
             _known[digest] = static
             _known_cv.notify_all()
-    return _build(static, base_globals)
+    return _build(digest, static, base_globals)
 
 
-def _make_known(digest: str, base_globals: dict) -> types.FunctionType:
+def _with_filename(code: types.CodeType, filename: str) -> types.CodeType:
+    """``code`` (and the code nested in it) under its cell's filename again: cloudpickle >= 3.1
+    ships every code object as ``<dynamic-code>``, so a traceback would find no source."""
+    consts = tuple(_with_filename(c, filename) if isinstance(c, types.CodeType) else c
+                   for c in code.co_consts)
+    return code.replace(co_filename=filename, co_consts=consts)
+
+
+def _make_known(digest: str, base_globals: dict | None) -> types.FunctionType:
     """Unpickling hook: a function whose code this rank was sent before, named by digest."""
+    hit = _by_digest.get(digest)
+    if hit is not None:
+        return hit
     static = _known.get(digest)
     if static is None:
         give_up = time.monotonic() + CODE_WAIT
@@ -252,25 +313,47 @@ def _make_known(digest: str, base_globals: dict) -> types.FunctionType:
                     raise RuntimeError(f"nbdist: the code of a notebook function ({digest}) "
                                        f"never reached this rank within {CODE_WAIT:.0f}s")
                 _known_cv.wait(min(left, 0.5))
-    return _build(static, base_globals)
+    return _build(digest, static, base_globals)
+
+
+_cp_class_setstate = cloudpickle.cloudpickle._class_setstate
+_classes_whole: weakref.WeakSet = weakref.WeakSet()  # classes whose attributes are all set here
+_copies: weakref.WeakSet = weakref.WeakSet()  # functions built here from another rank's code
+
+
+def _class_setstate_once(cls: type, state: Any) -> type:
+    """Unpickling hook for by-value classes: attributes are set once per process (a class
+    that arrived back where it was defined, or again, keeps the attributes it has: class-level
+    state is the rank's own, as in a script); a redefined class is a new class."""
+    if cls in _classes_whole:
+        return cls
+    _cp_class_setstate(cls, state)
+    _classes_whole.add(cls)
+    return cls
 
 
 class ShippingPickler(cloudpickle.Pickler):
     """cloudpickle's by-value reducers plus the cell source of each shipped function.
 
     With ``dest`` set (an RPC request), a by-value function's code goes to ``dest`` once and
-    is named by digest afterwards; the digests sent for the first time are in ``new_codes``.
+    is named by digest afterwards; the digests sent for the first time are in ``new_codes``,
+    the notebook globals sent with them in ``new_values``. Locks and their kin reached from
+    shipped code travel fresh, unless they are one of ``direct`` (the request's own
+    arguments: there the caller meant that very object, which cannot travel).
     """
 
     def __init__(self, file: Any, protocol: int | None = None,
-                 dispatch_table: Any = None, dest: str | None = None) -> None:
+                 dispatch_table: Any = None, dest: str | None = None,
+                 direct: frozenset[int] = frozenset()) -> None:
         # The C pickler reads ``dispatch_table`` once, in __init__, and cloudpickle's class
         # attribute shadows the C-level setter: so it must be in place before __init__.
         if dispatch_table is not None:
             self.dispatch_table = dispatch_table
         super().__init__(file, protocol=protocol)
         self.dest = dest
+        self.direct = direct
         self.new_codes: list[str] = []
+        self.new_values: list[tuple] = []
 
     def reducer_override(self, obj: Any) -> Any:
         t = type(obj)
@@ -288,27 +371,33 @@ class ShippingPickler(cloudpickle.Pickler):
             rv = super().reducer_override(obj)
             if rv is NotImplemented:
                 _remember(obj, True)
-            return rv
+                return rv
+            if len(rv) < 6 or rv[5] is not _cp_class_setstate:
+                return rv  # a builtin type, by cloudpickle's own reducer
+            if obj not in _classes_whole:  # defined here: a copy arriving back is not applied
+                _classes_whole.add(obj)
+            return rv[:5] + (_class_setstate_once,)
+        if fresh.is_fresh_kind(t) and id(obj) not in self.direct:
+            return fresh.fresh_reduce(obj)
         return NotImplemented
 
     def _function_by_value(self, obj: types.FunctionType) -> Any:
         dest = self.dest
-        if dest is None:  # not a request: cloudpickle's own form, with the cell's source
-            make, newargs, state, _, _, setstate = self._dynamic_function_reduce(obj)
-            filename = obj.__code__.co_filename
-            lines = _cell_source(filename)
-            if lines is None:
-                return (make, newargs, state, None, None, setstate)
-            return (_with_source, (filename, lines, make, newargs), state, None, None, setstate)
         static, digest, names = _static_of(obj)
         g = obj.__globals__
-        base = self.globals_ref.get(id(g))  # shared by this request's functions, as cloudpickle
-        if base is None:
-            base = self.globals_ref[id(g)] = {k: g[k] for k in _BASE_KEYS if k in g}
-        state = _dynamic_state(obj, names)
-        if (dest, digest) in _sent:
-            return (_make_known, (digest, base), state, None, None, _set_dynamic)
-        self.new_codes.append(digest)
+        if g.get("__name__") == "__main__":
+            base = None  # rebuilt against the receiving rank's own __main__
+        else:
+            base = self.globals_ref.get(id(g))  # shared by this pickle's functions
+            if base is None:
+                base = self.globals_ref[id(g)] = {k: g[k] for k in _BASE_KEYS if k in g}
+        state = _dynamic_state(obj, names, dest)
+        if dest is not None:
+            if type(state[0]) is tuple:
+                self.new_values.append(state[0][1])
+            if (dest, digest) in _sent:
+                return (_make_known, (digest, base), state, None, None, _set_dynamic)
+            self.new_codes.append(digest)
         filename = static[0].co_filename
         return (_make_new, (digest, static, filename, _cell_source(filename), base), state,
                 None, None, _set_dynamic)
@@ -364,12 +453,14 @@ def _dispatch_table(owner: Any) -> dict:
     return table
 
 
-def _rpc_pickler(owner: Any, f: io.BytesIO, obj: Any, dest: str | None = None) -> ShippingPickler:
+def _rpc_pickler(owner: Any, f: io.BytesIO, obj: Any, dest: str | None = None,
+                 direct: frozenset[int] = frozenset()) -> ShippingPickler:
     """A ShippingPickler with torch's RPC reducers (tensors, RRefs, ScriptModules) in front."""
     table = _dispatch_table(owner)
     if _ScriptModule is not None and isinstance(obj, _ScriptModule):
         table = {**table, obj.__class__: owner._script_module_reducer}
-    return ShippingPickler(f, protocol=pickle.HIGHEST_PROTOCOL, dispatch_table=table, dest=dest)
+    return ShippingPickler(f, protocol=pickle.HIGHEST_PROTOCOL, dispatch_table=table, dest=dest,
+                           direct=direct)
 
 
 _ScriptModule: Any = None
@@ -383,23 +474,27 @@ def _serialize(self: Any, obj: Any) -> tuple[bytes, list]:
     tables.send_tables = []
     tls = _tls
     tls.pending = None
-    dest = tls.dest if type(obj) is _PythonUDF else None  # a request: code once per peer
+    if type(obj) is _PythonUDF:  # a request: code once per peer
+        dest = tls.dest
+        direct = frozenset(map(id, (*(obj.args or ()), *(obj.kwargs or {}).values())))
+    else:
+        dest, direct = None, frozenset()
     tls.dest = None
     f = io.BytesIO()
     try:
-        pickler = _rpc_pickler(self, f, obj, dest)
+        pickler = _rpc_pickler(self, f, obj, dest, direct)
         try:
             pickler.dump(obj)
         except Exception as exc:
-            raise _explain_unpicklable(self, obj, exc) from exc
+            raise _explain_unpicklable(self, obj, exc, dest) from exc
         tensors = tables.send_tables
     finally:
         if old is not None:
             tables.send_tables = old
         else:
             del tables.send_tables
-    if pickler.new_codes:
-        tls.pending = (dest, pickler.new_codes)
+    if pickler.new_codes or pickler.new_values:
+        tls.pending = (dest, pickler.new_codes, pickler.new_values)
     return f.getvalue(), tensors
 
 
@@ -423,32 +518,65 @@ def _wrap_invoke(orig: Callable) -> Callable:
         pending = _tls.pending
         if pending is not None:
             _tls.pending = None
-            dest, digests = pending
+            dest, digests, values = pending
             for d in digests:
                 _sent.add((dest, d))
+            for entries in values:
+                mirror.mark_sent(dest, entries)
         return res
 
     return invoke
 
 
-def _explain_unpicklable(owner: Any, obj: Any, exc: Exception) -> Exception:
-    """Name the argument (or function, or return value) that could not be pickled."""
+def _explain_unpicklable(owner: Any, obj: Any, exc: Exception, dest: str | None = None
+                         ) -> Exception:
+    """Name the argument (or function, or return value) that could not be pickled; for
+    the function, the global that could not travel and the chain of code that reached it."""
     from torch.distributed.rpc.internal import PythonUDF
 
     if not isinstance(obj, PythonUDF):
         return TypeError(f"the RPC result could not be pickled to send back: {exc}")
     fname = getattr(obj.func, "__qualname__", repr(obj.func))
-    parts = [("the function", obj.func)]
-    parts += [(f"argument {i}", a) for i, a in enumerate(obj.args or ())]
-    parts += [(f"keyword argument {k!r}", v) for k, v in (obj.kwargs or {}).items()]
-    for label, value in parts:
+
+    def can_pickle(value: Any) -> Exception | None:
         try:
             _rpc_pickler(owner, io.BytesIO(), value).dump(value)
-        except Exception as inner:
+        except Exception as inner:  # noqa: BLE001 - any failure is the answer
+            return inner
+        return None
+
+    error = can_pickle(obj.func)
+    if error is not None:
+        found = culprit.find(obj.func, can_pickle, _travels_by_value)
+        if found is not None:
+            where = f" to {dest}" if dest else ""
+            return TypeError(
+                f"{found.path}: the global {found.name!r} ({type(found.value).__name__}) "
+                f"cannot be sent{where}: {found.error}. Each rank has its own __main__: make "
+                f"the object on the rank that uses it (inside the function, or in a %%dist "
+                f"cell) instead of in a notebook global (locks, events, queues and semaphores "
+                f"are made fresh on each rank by themselves)")
+        return TypeError(f"the function of the RPC to {fname} ({type(obj.func).__name__}) "
+                         f"cannot be pickled: {error}")
+    parts = [(f"argument {i}", a) for i, a in enumerate(obj.args or ())]
+    parts += [(f"keyword argument {k!r}", v) for k, v in (obj.kwargs or {}).items()]
+    for label, value in parts:
+        if fresh.is_fresh_kind(type(value)):
+            inner: Exception | None = TypeError(f"cannot pickle {type(value).__name__!r} object")
+        else:
+            inner = can_pickle(value)
+        if inner is not None:
             return TypeError(f"{label} of the RPC to {fname} ({type(value).__name__}) cannot be "
                              f"pickled: {inner}. Send something picklable instead (for a lock, "
                              "file or socket, create it on the worker)")
     return TypeError(f"the RPC to {fname} could not be pickled: {exc}")
+
+
+def _travels_by_value(obj: Any) -> bool:
+    """Whether a function or class is pickled by value (its insides travel)."""
+    if isinstance(obj, types.FunctionType):
+        return id(obj) not in _BY_NAME and not _by_reference(obj)
+    return not cloudpickle.cloudpickle._should_pickle_by_reference(obj)
 
 
 def install() -> None:

@@ -1,0 +1,159 @@
+"""Each rank has its own ``__main__``; notebook globals are mirrored into it, never forced.
+
+The model is a script run by every process. A function defined in a notebook cell (or in a
+``%%dist`` cell on a worker) runs on another rank against *that rank's* ``__main__``: its
+global reads and ``global`` writes go there. The globals it reads travel with it, and the
+receiving rank merges them by one rule, name by name:
+
+- a name this rank lacks is set (it is *mirrored*);
+- a name that holds the value mirrored last time is replaced when the sender rebound it
+  (a re-run cell): the sender tells "unchanged" from "rebound" by object identity;
+- a name this rank bound itself (``global x; x = ...``, a ``%%dist`` cell, its own
+  definitions) is kept: a stale copy never overwrites it.
+
+The sender ships a value to a destination once per binding: later calls send a marker instead
+(so a large notebook global is not re-pickled on every call). A request that carries the
+marker may be unpickled before the one that carried the value (torch runs the requests of one
+pipe on several threads); the receiver then waits for it, up to ``WAIT`` seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+__all__ = ["UNCHANGED", "WAIT", "forget_peers", "main_namespace", "mark_sent", "merge",
+           "outgoing", "set_main_namespace", "sender_id"]
+
+WAIT = 30.0  # seconds a receiver waits for a value a racing request is bringing
+
+
+class _Unchanged:
+    """Marker: the destination already holds the sender's current binding of this name."""
+
+    def __reduce__(self) -> str:
+        return "UNCHANGED"
+
+    def __repr__(self) -> str:
+        return "UNCHANGED"
+
+
+UNCHANGED = _Unchanged()
+_MISSING = object()
+
+
+class _State:
+    """One process's mirroring state (a sender and a receiver both)."""
+
+    def __init__(self) -> None:
+        self.me = os.urandom(6).hex()  # who sent a value (the receiver keys by it)
+        self.main: dict | None = None  # the namespace notebook code runs in here
+        # sender: (destination, name) -> the object last shipped there (held: its id is the
+        # token, so it must not be reused while remembered)
+        self.sent: dict[tuple[str, str], Any] = {}
+        # receiver: name -> the object this rank mirrored into its namespace last
+        self.mirrored: dict[str, Any] = {}
+        self.have: set[tuple[str, str]] = set()  # (sender, name) whose value arrived
+        self.cv = threading.Condition()
+
+
+_state = _State()
+
+
+def _after_fork() -> None:
+    global _state
+    _state = _State()
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
+def sender_id() -> str:
+    """This process's id as a sender of globals."""
+    return _state.me
+
+
+def set_main_namespace(ns: dict | None) -> None:
+    """Where notebook code runs in this process (``None``: ``sys.modules['__main__']``)."""
+    _state.main = ns
+
+
+def main_namespace() -> dict:
+    """The namespace notebook code runs against in this process."""
+    ns = _state.main
+    if ns is not None:
+        return ns
+    ipython = sys.modules.get("IPython")  # a notebook, or a worker's shell: its user namespace
+    shell = ipython.get_ipython() if ipython is not None else None
+    if shell is not None:
+        return shell.user_ns
+    return sys.modules["__main__"].__dict__
+
+
+def forget_peers() -> None:
+    """A new world: its ranks hold none of our values, and old senders are gone."""
+    _state.sent.clear()
+    with _state.cv:
+        _state.have.clear()
+
+
+def outgoing(dest: str | None, g: dict, names: tuple) -> tuple[str, tuple]:
+    """The globals a function reads, as (sender, ((name, value or UNCHANGED), ...)), and
+    the entries to remember as sent once the request went out (``pending``)."""
+    st = _state
+    entries = []
+    sent = st.sent
+    for name in names:
+        value = g.get(name, _MISSING)
+        if value is _MISSING:
+            continue
+        if dest is not None and sent.get((dest, name), _MISSING) is value:
+            entries.append((name, UNCHANGED))
+        else:
+            entries.append((name, value))
+    return st.me, tuple(entries)
+
+
+def mark_sent(dest: str, entries: tuple) -> None:
+    """The request that carried ``entries`` to ``dest`` went out: it holds those values."""
+    sent = _state.sent
+    for name, value in entries:
+        if value is not UNCHANGED:
+            sent[(dest, name)] = value
+
+
+def merge(sender: str, entries: tuple, ns: dict) -> None:
+    """Apply a sender's globals to ``ns`` by the rule in this module's docstring."""
+    if not entries:
+        return
+    st = _state
+    mirrored = st.mirrored
+    waiting = []
+    with st.cv:
+        for name, value in entries:
+            key = (sender, name)
+            if value is UNCHANGED:
+                if name not in ns and key not in st.have:
+                    waiting.append(key)
+                continue
+            st.have.add(key)
+            current = ns.get(name, _MISSING)
+            if current is _MISSING or current is mirrored.get(name, _MISSING):
+                ns[name] = value
+                mirrored[name] = value
+            else:
+                mirrored.pop(name, None)  # this rank's own binding: never overwritten
+        st.cv.notify_all()
+        if not waiting:
+            return
+        give_up = time.monotonic() + WAIT
+        for key in waiting:
+            while key not in st.have and key[1] not in ns:
+                left = give_up - time.monotonic()
+                if left <= 0:
+                    raise RuntimeError(f"nbdist: the notebook global {key[1]!r} never reached "
+                                       f"this rank within {WAIT:.0f}s")
+                st.cv.wait(min(left, 0.5))
