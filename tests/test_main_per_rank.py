@@ -196,3 +196,15 @@ def test_unpicklable_global_is_named_with_the_chain_that_reached_it(ipython):
         assert ev(ipython, "rpc.rpc_sync('trainer1', lambda: 42)") == 42  # the world lives on
     finally:
         ipython.run_cell("server_socket.close()")
+
+
+def test_pipelined_calls_reading_a_new_global(ipython):
+    """The first request carries a new binding, the next ones a marker; the callee may unpickle
+    them in any order on its thread pool, and a marker waits for the value it names."""
+    ipython.run_line_magic("dist_start", "1 --name nb --worker-name w{rank}")
+    for k in (7, 70):
+        ipython.run_cell(f"import torch.distributed.rpc as rpc\nNEWG = [{k}]\n"
+                         "def use(i):\n    return i + NEWG[0]\n")
+        got = ev(ipython, "[fu.wait() for fu in [rpc.rpc_async('w1', use, args=(i,)) "
+                          "for i in range(200)]]")
+        assert got == [i + k for i in range(200)]
