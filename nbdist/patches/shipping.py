@@ -393,7 +393,8 @@ class ShippingPickler(cloudpickle.Pickler):
                 base = self.globals_ref[id(g)] = {k: g[k] for k in _BASE_KEYS if k in g}
         state = _dynamic_state(obj, names, dest)
         if dest is not None:
-            if type(state[0]) is tuple:
+            if type(state[0]) is tuple and any(v is not mirror.UNCHANGED
+                                               for _, v in state[0][1]):
                 self.new_values.append(state[0][1])
             if (dest, digest) in _sent:
                 return (_make_known, (digest, base), state, None, None, _set_dynamic)
