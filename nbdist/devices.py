@@ -1,0 +1,112 @@
+"""Which GPU each rank gets, which process group fits, and TensorPipe's device maps.
+
+Pure planning over plain data (the number of visible GPUs is an argument): nothing here calls
+into ``torch.cuda``, so the warm template and the join agents, which must never initialise
+CUDA, can use it. Rank ``r`` gets ``gpus[r % len(gpus)]`` (the ``LOCAL_RANK`` convention of
+``DDP(device_ids=[rank])``): the notebook, rank 0, would take the first, and workers the next
+ones, so NCCL, which refuses two ranks on one GPU, has a GPU per rank while there are enough.
+Every error says what to do instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["GpuPlan", "device_maps", "parse_gpus", "plan", "process_group"]
+
+_FORMS = "--gpus takes auto, none, or a comma list of GPU indices such as 0,2,3"
+
+
+def parse_gpus(text: str | None) -> tuple[int, ...] | str:
+    """``"auto"`` (the default), ``"none"``, or the GPU indices a list names, in its order."""
+    value = (text or "auto").strip().lower()
+    if value in ("auto", "none"):
+        return value
+    parts = [p.strip() for p in value.split(",")]
+    if not all(p.isdigit() for p in parts):
+        raise ValueError(f"{_FORMS} (got {text!r})")
+    indices = tuple(int(p) for p in parts)
+    if len(set(indices)) != len(indices):
+        raise ValueError(f"--gpus {text}: a GPU is named twice; name each once "
+                         "(ranks share GPUs round robin by themselves)")
+    return indices
+
+
+@dataclass(frozen=True)
+class GpuPlan:
+    """The device of every rank (``None``: the CPU), rank 0 first."""
+
+    devices: tuple[int | None, ...]
+
+    def of(self, rank: int) -> int | None:
+        return self.devices[rank]
+
+    @property
+    def on_gpu(self) -> bool:
+        return any(d is not None for d in self.devices)
+
+    def gpu_per_rank(self) -> bool:
+        """Whether every rank has a GPU, and no two share one (what NCCL needs)."""
+        used = [d for d in self.devices if d is not None]
+        return len(used) == len(self.devices) and len(set(used)) == len(used)
+
+
+def plan(gpus: tuple[int, ...] | str, world_size: int, visible: int) -> GpuPlan:
+    """Devices for ranks 0..world_size-1 on a machine with ``visible`` GPUs."""
+    if gpus == "none" or (gpus == "auto" and visible == 0):
+        return GpuPlan((None,) * world_size)
+    if gpus == "auto":
+        pool: tuple[int, ...] = tuple(range(visible))
+    else:
+        pool = tuple(gpus)
+        missing = [g for g in pool if g >= visible]
+        if missing:
+            have = f"GPUs 0-{visible - 1}" if visible else "no GPU"
+            raise ValueError(f"--gpus {','.join(map(str, pool))}: GPU {missing[0]} does not "
+                             f"exist; this process sees {have} (CUDA_VISIBLE_DEVICES decides "
+                             "which); name visible ones, or use --gpus auto or --gpus none")
+    return GpuPlan(tuple(pool[r % len(pool)] for r in range(world_size)))
+
+
+def process_group(requested: str | None, gpu_plan: GpuPlan, cuda: bool) -> tuple[str | None,
+                                                                                  str]:
+    """The backend to start (``None``: no process group) and a note for the start line."""
+    if requested in (None, "gloo"):
+        return requested, ""
+    if requested == "nccl":
+        if not cuda:
+            raise ValueError("--process-group nccl needs CUDA, and this torch sees none "
+                             "(torch.cuda.is_available() is False); use --process-group gloo")
+        if not gpu_plan.gpu_per_rank():
+            n, k = len(gpu_plan.devices), len({d for d in gpu_plan.devices if d is not None})
+            raise ValueError(f"--process-group nccl needs a GPU per rank: {n} ranks (the "
+                             f"notebook and {n - 1} workers) would share {k} GPU(s), and NCCL "
+                             f"refuses two ranks on one GPU; start at most {max(k - 1, 0)} "
+                             "workers, or use --process-group gloo")
+        return "nccl", ""
+    if requested == "auto":
+        if cuda and gpu_plan.gpu_per_rank():
+            return "nccl", "process group: nccl (a GPU per rank)"
+        why = "no CUDA" if not cuda else "ranks share GPUs" if gpu_plan.on_gpu else "no GPUs"
+        return "gloo", f"process group: gloo ({why})"
+    raise ValueError(f"--process-group {requested!r} is not supported; use gloo, nccl or auto")
+
+
+def device_maps(names: list[str], gpu_plan: GpuPlan, cuda: bool
+                ) -> dict[str, dict[str, dict[str, str]]]:
+    """``--device-maps auto``: for each rank, its GPU to each peer's GPU (what TensorPipe needs
+    to send a CUDA tensor GPU to GPU), as ``{caller: {peer: {"cuda:i": "cuda:j"}}}``; ranks
+    on the CPU neither send nor receive through a map."""
+    if not cuda or not gpu_plan.on_gpu:
+        raise ValueError("--device-maps auto maps each rank's GPU to its peers', and this world "
+                         "has no GPU (no CUDA, or --gpus none); leave it out, and send "
+                         "tensors with .cpu()")
+    maps: dict[str, dict[str, dict[str, str]]] = {}
+    for a, name_a in enumerate(names):
+        dev_a = gpu_plan.of(a)
+        if dev_a is None:
+            continue
+        maps[name_a] = {name_b: {f"cuda:{dev_a}": f"cuda:{gpu_plan.of(b)}"}
+                        for b, name_b in enumerate(names)
+                        if b != a and gpu_plan.of(b) is not None}
+    return maps
