@@ -208,3 +208,78 @@ def test_pipelined_calls_reading_a_new_global(ipython):
         got = ev(ipython, "[fu.wait() for fu in [rpc.rpc_async('w1', use, args=(i,)) "
                           "for i in range(200)]]")
         assert got == [i + k for i in range(200)]
+
+
+# The whole upstream parameter-server program's shape, in our words: trainers reach a model on
+# the server through an RRef that ``rpc.remote(get_server)`` returns (the singleton behind a
+# lock), run forward through RPC, backward with distributed autograd and step a
+# DistributedOptimizer over the server's parameter RRefs.
+PS_TRAINING = '''
+import threading
+import torch, torch.nn as nn, torch.nn.functional as F
+import torch.distributed.autograd as dist_autograd
+import torch.distributed.rpc as rpc
+from torch.distributed.optim import DistributedOptimizer
+
+def on_owner(method, rref, *args):
+    return method(rref.local_value(), *args)
+
+def call_remote(method, rref, *args):
+    return rpc.rpc_sync(rref.owner(), on_owner, args=(method, rref, *args))
+
+class Server(nn.Module):
+    built = 0
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+        Server.built += 1
+    def forward(self, x):
+        return self.net(x)
+    def param_rrefs(self):
+        return [rpc.RRef(p) for p in self.net.parameters()]
+
+server = None
+server_lock = threading.Lock()
+
+def get_server():
+    global server
+    with server_lock:
+        if server is None:
+            server = Server()
+        return server
+
+class Trainer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.server_rref = rpc.remote("parameter_server", get_server)
+    def forward(self, x):
+        return call_remote(Server.forward, self.server_rref, x)
+
+def train(seed, steps):
+    torch.manual_seed(seed)
+    net = Trainer()
+    opt = DistributedOptimizer(torch.optim.SGD,
+                               call_remote(Server.param_rrefs, net.server_rref), lr=0.05)
+    x, y = torch.randn(32, 8), torch.randint(0, 3, (32,))
+    losses = []
+    for _ in range(steps):
+        with dist_autograd.context() as cid:
+            loss = F.cross_entropy(net(x), y)
+            dist_autograd.backward(cid, [loss])
+            opt.step(cid)
+        losses.append(loss.item())
+    return losses
+'''
+
+
+def test_upstream_parameter_server_program_trains_one_server(ipython):
+    ipython.run_line_magic("dist_start", "2 --name parameter_server --worker-name trainer_{rank}")
+    assert ipython.run_cell(PS_TRAINING).success
+    ipython.run_cell("before = [p.detach().clone() for p in get_server().parameters()]")
+    got = ev(ipython, "[f.wait() for f in [rpc.rpc_async(f'trainer_{r}', train, args=(r, 15)) "
+                      "for r in (1, 2)]]")
+    assert all(losses[-1] < losses[0] for losses in got), got
+    assert ev(ipython, "Server.built") == 1  # one server, here, shared by both trainers
+    assert ev(ipython, "all(not torch.equal(a, b) for a, b in "
+                       "zip(before, server.parameters()))") is True
