@@ -32,10 +32,13 @@ import sys
 import threading
 import time
 import types
+from collections import ChainMap
 from collections.abc import Callable
 from typing import Any
 
 import cloudpickle
+
+from .code_filename import reduce_code
 
 __all__ = ["CODE_WAIT", "dumps", "forget_peers", "install", "installed", "register_patched"]
 
@@ -262,6 +265,8 @@ class ShippingPickler(cloudpickle.Pickler):
     is named by digest afterwards; the digests sent for the first time are in ``new_codes``.
     """
 
+    dispatch_table = ChainMap({types.CodeType: reduce_code}, cloudpickle.Pickler.dispatch_table)
+
     def __init__(self, file: Any, protocol: int | None = None,
                  dispatch_table: Any = None, dest: str | None = None) -> None:
         # The C pickler reads ``dispatch_table`` once, in __init__, and cloudpickle's class
@@ -359,6 +364,7 @@ def _dispatch_table(owner: Any) -> dict:
     table[dist.rpc.PyRRef] = owner._py_rref_reducer
     table[dist.rpc.RRef] = owner._rref_reducer
     table[types.MethodType] = _reduce_method
+    table[types.CodeType] = reduce_code  # the cell's file name, for remote tracebacks
     table.update(owner._class_reducer_dict)
     _table_cache[:] = [owner, table, n]
     return table
