@@ -18,7 +18,15 @@ from datetime import timedelta
 from typing import Any
 
 from ..errors import DistTimeoutError, StartError, WorkerDiedError
-from ..patches import quiet, rpc_hooks, rref_reset, shipping, thread_states, tp_address
+from ..patches import (
+    quiet,
+    rpc_hooks,
+    rref_reset,
+    shipping,
+    thread_states,
+    torch_private,
+    tp_address,
+)
 from ..proc.channel import HandshakeError, Listener
 from ..proc.launch import describe_exit
 from ..proc.netif import Interface
@@ -213,7 +221,8 @@ class Rank0:
                                                  rpc_backend_options=opts),
                             watch, "join the RPC world (init_rpc)")
             self.rpc_up = True
-            rpc._set_rpc_timeout(spec.rpc_timeout)
+            if torch_private.usable("rpc_timeout"):
+                rpc._set_rpc_timeout(spec.rpc_timeout)
             shipping.register_patched("torch.distributed.rpc", "torch.distributed.rpc.api")
             if spec.process_group:
                 self._in_thread(lambda: dist.init_process_group(
@@ -279,6 +288,9 @@ def _gloo_timeout(seconds: float) -> Iterator[None]:
     """Bound the Gloo group ``init_rpc`` builds (torch gives it 24 days) while rank 0 joins."""
     from torch.distributed.rpc import constants
 
+    if not torch_private.usable("start_timeout"):
+        yield
+        return
     saved = constants.DEFAULT_PROCESS_GROUP_TIMEOUT
     constants.DEFAULT_PROCESS_GROUP_TIMEOUT = timedelta(seconds=seconds)
     try:

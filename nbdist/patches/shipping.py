@@ -38,6 +38,7 @@ from typing import Any
 
 import cloudpickle
 
+from . import torch_private
 from .code_filename import reduce_code
 
 __all__ = ["CODE_WAIT", "dumps", "forget_peers", "install", "installed", "register_patched"]
@@ -462,7 +463,7 @@ def install() -> None:
     call (each new world) also forgets which code the peers hold."""
     global _installed, _ScriptModule, _PythonUDF, _thread_tables
     forget_peers()
-    if _installed:
+    if _installed or not torch_private.usable("shipping"):
         return
     import torch
     from torch.distributed.rpc import api, internal
