@@ -5,6 +5,8 @@ from __future__ import annotations
 import collections
 import threading
 
+import pytest
+
 
 def test_rpc_counters_and_all_gather_state_exist():
     import torch.distributed.rpc as rpc
@@ -196,32 +198,43 @@ def test_missing_names_turn_their_features_off_with_one_line_each():
         assert "missing" in hits[0]
 
 
-LOAD_EXT = r'''
+LOAD_EXT = r"""
+import sys
 from nbdist.patches import torch_private as tp
 tp._found = [(p, "missing") for p in tp.PRIVATES if p.feature in ("callee", "tracing")]
+if sys.argv[1] == "torch-first":
+    import torch.distributed.rpc
 from IPython.testing.globalipapp import get_ipython
 import nbdist
 ip = get_ipython()
 ip.run_line_magic("load_ext", "nbdist")
+print("LOADED", file=sys.stderr, flush=True)
 ip.run_line_magic("dist_start", "1 --name agent --worker-name w{rank}")
 r = ip.run_cell("import torch, torch.distributed.rpc as rpc\n"
                 "def inc(x):\n    return x + 1\n"
                 "rpc.rpc_sync('w1', inc, args=(torch.ones(1),)).item()")
 print("RESULT", r.result)
 nbdist.stop()
-'''
+"""
 
 
-def test_load_ext_says_what_degrades_and_a_world_still_works():
+@pytest.mark.parametrize("order", ["torch-first", "load-ext-first"])
+def test_load_ext_says_what_degrades_and_a_world_still_works(order):
+    """Said once: by %load_ext when torch is imported already, else by the first start
+    (%load_ext does not import torch: it returns at once)."""
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-c", LOAD_EXT], capture_output=True, text=True,
-                         timeout=240)
+    out = subprocess.run([sys.executable, "-c", LOAD_EXT, order], capture_output=True,
+                         text=True, timeout=240)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "RESULT 2.0" in out.stdout
-    said = [line for line in out.stderr.splitlines() if line.startswith("nbdist: ")
+    err = out.stderr.splitlines()
+    said = [i for i, line in enumerate(err) if line.startswith("nbdist: ")
             and " on torch " in line]
     assert len(said) == 2, out.stderr[-3000:]
-    assert any("Ctrl-C does not stop RPC functions" in line for line in said)
-    assert any("no RPC tracing" in line for line in said)
+    loaded = err.index("LOADED")
+    assert all(i < loaded for i in said) if order == "torch-first" else \
+        all(i > loaded for i in said), out.stderr[-3000:]
+    assert any("Ctrl-C does not stop RPC functions" in err[i] for i in said)
+    assert any("no RPC tracing" in err[i] for i in said)

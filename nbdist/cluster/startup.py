@@ -188,6 +188,8 @@ class Rank0:
         import torch.distributed.rpc as rpc
 
         spec = self.spec
+        for line in torch_private.report_once():  # unless %load_ext said it: what degrades
+            Router.write("stderr", line + "\n")
         rpc_hooks.reset_world_state()
         quiet.install()
         if not rref_reset.reset_singleton() and self.epoch > 1:

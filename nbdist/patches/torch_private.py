@@ -5,7 +5,9 @@ between releases. Each name nbdist relies on is listed in ``PRIVATES`` with the 
 needs it, a check of its shape, and the torch versions it was verified on (by the whole test
 suite: ``make test TORCH=X``). ``problems()`` looks them all up once per process;
 ``%load_ext nbdist`` prints one line per feature that cannot work on the torch at hand, naming
-what degrades ("Ctrl-C does not stop ... on torch 2.16.0"). The patch modules ask ``usable``
+what degrades ("Ctrl-C does not stop ... on torch 2.16.0"), or, when torch is not imported
+yet then (``%load_ext`` stays instant), the first world start does, before it patches
+anything. The patch modules ask ``usable``
 before they patch, so a missing or reshaped name turns one feature off instead of crashing
 the start, and never patches something whose shape nbdist does not know.
 
@@ -23,7 +25,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-__all__ = ["FEATURES", "PRIVATES", "VERIFIED", "Private", "problems", "report", "usable"]
+__all__ = ["FEATURES", "PRIVATES", "VERIFIED", "Private", "problems", "report", "report_once",
+           "usable"]
 
 # torch versions the whole suite passed on (README "Torch versions"); entries verified on
 # fewer say so in their own ``verified``.
@@ -262,3 +265,16 @@ def report() -> list[str]:
         lines.append(f"nbdist: torch {version} is not among the versions nbdist was tested on "
                      f"({', '.join(VERIFIED)}); `make test TORCH={version}` checks it")
     return lines
+
+
+_reported = False
+
+
+def report_once() -> list[str]:
+    """``report()`` the first time it is called in this process, nothing afterwards."""
+    global _reported
+    with _lock_once:
+        if _reported:
+            return []
+        _reported = True
+    return report()
