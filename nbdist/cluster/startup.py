@@ -18,15 +18,8 @@ from datetime import timedelta
 from typing import Any
 
 from ..errors import DistTimeoutError, StartError, WorkerDiedError
-from ..patches import (
-    quiet,
-    rpc_hooks,
-    rref_reset,
-    shipping,
-    thread_states,
-    torch_private,
-    tp_address,
-)
+from ..patches import quiet, rpc_hooks, rref_reset, shipping, thread_states, tp_address
+from ..patches.torch_private import report_once, usable
 from ..proc.channel import HandshakeError, Listener
 from ..proc.launch import describe_exit
 from ..proc.netif import Interface
@@ -188,7 +181,7 @@ class Rank0:
         import torch.distributed.rpc as rpc
 
         spec = self.spec
-        for line in torch_private.report_once():  # unless %load_ext said it: what degrades
+        for line in report_once():  # unless %load_ext said it: what degrades
             Router.write("stderr", line + "\n")
         rpc_hooks.reset_world_state()
         quiet.install()
@@ -223,7 +216,7 @@ class Rank0:
                                                  rpc_backend_options=opts),
                             watch, "join the RPC world (init_rpc)")
             self.rpc_up = True
-            if torch_private.usable("rpc_timeout"):
+            if usable("rpc_timeout"):
                 rpc._set_rpc_timeout(spec.rpc_timeout)
             shipping.register_patched("torch.distributed.rpc", "torch.distributed.rpc.api")
             if spec.process_group:
@@ -290,7 +283,7 @@ def _gloo_timeout(seconds: float) -> Iterator[None]:
     """Bound the Gloo group ``init_rpc`` builds (torch gives it 24 days) while rank 0 joins."""
     from torch.distributed.rpc import constants
 
-    if not torch_private.usable("start_timeout"):
+    if not usable("start_timeout"):
         yield
         return
     saved = constants.DEFAULT_PROCESS_GROUP_TIMEOUT
