@@ -212,7 +212,11 @@ def render(res: dict, heading: str = "#") -> str:
     """One run's tables (``heading``: the markdown level of its title)."""
     lines = [f"{heading} torch {res['torch']}, {res['mode']} mode ({res['when']})", "",
              f"{res['machine']}; torch {res['torch']}; mode {res['mode']}, "
-             f"{res['rounds']} interleaved rounds. Rank 0 calls one worker; an echo of a "
+             f"{res['rounds']} interleaved rounds"
+             + (f"; 1-min load average {res['load_1min']} at the end (2 cores: above 2, "
+                "other jobs shared the machine and large-payload figures are mostly noise)"
+                if "load_1min" in res else "")
+             + ". Rank 0 calls one worker; an echo of a "
              "float32 tensor (there and back). nbdist: the function and class defined in "
              "`__main__` (as in a notebook), tracing and output routing on. Plain torch: "
              "two processes, the function imported by reference. Absolute times are noisy "
@@ -294,6 +298,7 @@ def main(argv: list[str] | None = None) -> int:
         "rounds": rounds, "thread_states_kept": not args.unpinned,
     }
     res["rpc"] = rpc_rounds(args.quick, rounds)
+    res["load_1min"] = round(os.getloadavg()[0], 1)  # 2 cores: above ~2, others ran too
     if not args.no_ipp:
         try:
             res["ipyparallel"] = ipp_rounds(args.quick)
