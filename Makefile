@@ -1,17 +1,33 @@
 # nbdist: `make demo` runs the quickstart notebook headless; `make test` runs the tests.
 # Both create the virtual environment first if it is missing.
+# `make test TORCH=2.14.1` (or test-fast, bench, lint) does the same in .venv-torch-2.14.1, a
+# venv with that torch and everything else as constraints.txt pins it: a user checks their own
+# torch this way, and CI checks a second one.
 PY ?= python3
+TORCH ?=
+ifeq ($(strip $(TORCH)),)
 VENV := .venv
+CONSTRAINTS := constraints.txt
+WANT_TORCH := $(shell sed -n 's/^torch==//p' constraints.txt)
+else
+WANT_TORCH := $(TORCH)
+VENV := .venv-torch-$(TORCH)
+CONSTRAINTS := $(VENV)/constraints.txt
+endif
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 OUT := notebooks/_out
 
-.PHONY: demo test test-fast bench lint browser clean
+.PHONY: demo test test-fast bench lint browser clean clean-torch
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -c constraints.txt -e ".[test,tutorials,bench,browser]"
+	if [ "$(CONSTRAINTS)" != constraints.txt ]; then \
+		sed 's/^torch==.*/torch==$(TORCH)/' constraints.txt > $(CONSTRAINTS); fi
+	$(BIN)/python -m pip install -q -c $(CONSTRAINTS) -e ".[test,tutorials,bench,browser]"
+	$(BIN)/python -c "import sys, torch; v = torch.__version__.split('+')[0]; \
+		sys.exit(None if v == '$(WANT_TORCH)' else 'installed torch ' + v + ', not $(WANT_TORCH)')"
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -22,7 +38,7 @@ demo: $(STAMP)
 
 test: $(STAMP) browser
 	$(BIN)/ruff check nbdist tests bench
-	$(BIN)/python -m pytest -q
+	NBDIST_CHROMIUM_MARKER=$(abspath $(VENV))/.chromium $(BIN)/python -m pytest -q
 
 # What a developer runs while working: no notebook runs, no browser, no long stress tests
 # (under 2 minutes on 2 cores). `make test` runs everything.
@@ -52,3 +68,7 @@ browser:
 
 clean:
 	rm -rf $(VENV) $(OUT) .pytest_cache
+
+# Every venv of `make ... TORCH=X` (several GB each: a CUDA build of torch).
+clean-torch:
+	rm -rf .venv-torch-*

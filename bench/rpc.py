@@ -15,9 +15,12 @@ Each does, for payloads of 16 B, 64 KB, 1 MB, 16 MB and 64 MB (float32 tensors, 
 Then ipyparallel, the peer a notebook user would otherwise pick: one engine on loopback,
 ``apply_sync(echo, x)`` and ``push({'x': x})`` + ``pull('x')`` of the same tensors.
 
-Reported: median, p10, p90 per call and the ratio of medians nbdist / plain (and ipyparallel
-/ plain). Absolute times on a shared 2-core machine are noisy; the ratios come from
-interleaved rounds of the same run. Writes ``bench/results/rpc.json`` and ``rpc.md``.
+Reported: median, p10, p90 and best per call, and the ratios nbdist / plain of medians and of
+bests (and ipyparallel / plain). Absolute times on a shared 2-core machine are noisy; the
+ratios come from interleaved rounds of the same run. For large payloads (16 MB, 64 MB) a
+median swings 0.6-1.8x between runs on this machine, the best of N calls does not: read the
+ratio of bests there. Writes ``bench/results/rpc-torch-<version>-<mode>.json`` and renders
+``rpc.md`` from every such file: one table per torch version (and mode) measured.
 Every process it starts is stopped at the end.
 """
 
@@ -116,7 +119,7 @@ class Plain:
 def _stats(xs: list[float]) -> dict:
     q = statistics.quantiles(xs, n=10) if len(xs) >= 2 else [xs[0]] * 9
     return {"median_us": statistics.median(xs) * 1e6, "p10_us": q[0] * 1e6,
-            "p90_us": q[-1] * 1e6, "n": len(xs)}
+            "p90_us": q[-1] * 1e6, "best_us": min(xs) * 1e6, "n": len(xs)}
 
 
 def rpc_rounds(quick: bool, rounds: int) -> dict:
@@ -159,6 +162,7 @@ def rpc_rounds(quick: bool, rounds: int) -> dict:
         for d in out[kind].values():
             if "plain" in d and "nbdist" in d:
                 d["ratio"] = d["nbdist"]["median_us"] / d["plain"]["median_us"]
+                d["ratio_best"] = d["nbdist"]["best_us"] / d["plain"]["best_us"]
     return out
 
 
@@ -204,10 +208,15 @@ def _fmt_us(us: float) -> str:
     return f"{us / 1000:.2f} ms" if us >= 1000 else f"{us:.0f} µs"
 
 
-def render(res: dict) -> str:
-    lines = [f"# RPC: nbdist vs plain torch vs ipyparallel ({res['when']})", "",
+def render(res: dict, heading: str = "#") -> str:
+    """One run's tables (``heading``: the markdown level of its title)."""
+    lines = [f"{heading} torch {res['torch']}, {res['mode']} mode ({res['when']})", "",
              f"{res['machine']}; torch {res['torch']}; mode {res['mode']}, "
-             f"{res['rounds']} interleaved rounds. Rank 0 calls one worker; an echo of a "
+             f"{res['rounds']} interleaved rounds"
+             + (f"; 1-min load average {res['load_1min']} at the end (2 cores: above 2, "
+                "other jobs shared the machine and large-payload figures are mostly noise)"
+                if "load_1min" in res else "")
+             + ". Rank 0 calls one worker; an echo of a "
              "float32 tensor (there and back). nbdist: the function and class defined in "
              "`__main__` (as in a notebook), tracing and output routing on. Plain torch: "
              "two processes, the function imported by reference. Absolute times are noisy "
@@ -217,23 +226,26 @@ def render(res: dict) -> str:
                                                       else ": **not in this run** "
                                                       "(`--unpinned`, the cost before)."), "",
              "| call | payload | plain torch median (p10-p90) | nbdist median (p10-p90) | "
-             "nbdist / plain |", "|---|---|---|---|---|"]
+             "nbdist / plain | best of N: plain, nbdist (N) | nbdist / plain, best |",
+             "|---|---|---|---|---|---|---|"]
     for kind in KINDS:
         for p in PAYLOADS:
             d = res["rpc"].get(kind, {}).get(p)
             if not d or "ratio" not in d:
                 continue
             a, b = d["plain"], d["nbdist"]
+            best = (f"{_fmt_us(a['best_us'])}, {_fmt_us(b['best_us'])} ({b['n']}) | "
+                    f"**{d['ratio_best']:.2f}×**") if "ratio_best" in d else "- | -"
             lines.append(f"| `{kind}` | {p} | {_fmt_us(a['median_us'])} "
                          f"({_fmt_us(a['p10_us'])}-{_fmt_us(a['p90_us'])}) | "
                          f"{_fmt_us(b['median_us'])} ({_fmt_us(b['p10_us'])}-"
-                         f"{_fmt_us(b['p90_us'])}) | **{d['ratio']:.2f}×** |")
+                         f"{_fmt_us(b['p90_us'])}) | **{d['ratio']:.2f}×** | {best} |")
     lines += ["", "`rpc_async` is time per call of pipelined windows; `remote` is "
               "`rpc.remote(...).to_here()`; `proxy` is `rref.rpc_sync().echo(x)` on an object "
               "held in an RRef.", ""]
     ipp_res = res.get("ipyparallel")
     if ipp_res:
-        lines += ["## ipyparallel (one engine, loopback), same tensors", "",
+        lines += [f"{heading}# ipyparallel (one engine, loopback), same tensors", "",
                   "| payload | `apply_sync(echo, x)` | / plain `rpc_sync` | "
                   "`push` + `pull` | / plain `rpc_sync` |", "|---|---|---|---|---|"]
         for p, d in ipp_res.items():
@@ -245,6 +257,26 @@ def render(res: dict) -> str:
     elif res.get("ipyparallel_error"):
         lines += ["", f"ipyparallel: not measured ({res['ipyparallel_error']})"]
     return "\n".join(lines) + "\n"
+
+
+def _version_key(path: Path) -> tuple:
+    version = path.stem.removeprefix("rpc-torch-").rsplit("-", 1)[0]
+    return tuple(int(x) if x.isdigit() else 0 for x in version.split(".")), path.stem
+
+
+def render_all() -> str:
+    """``rpc.md``: one section per torch version (and mode) that has a result file."""
+    runs = sorted(RESULTS.glob("rpc-torch-*.json"), key=_version_key)
+    lines = ["# RPC: nbdist vs plain torch vs ipyparallel, per torch version", "",
+             "One section per `bench/rpc.py` run kept in `bench/results/rpc-torch-*.json` "
+             "(`python bench/rpc.py [--quick]` in a venv with that torch: "
+             "`make bench TORCH=2.14.1` or `.venv-torch-2.14.1/bin/python bench/rpc.py`). "
+             "Each run compares nbdist with plain torch of the same version, interleaved. "
+             "For 16 MB and 64 MB read the best-of-N column: their medians swing "
+             "0.6-1.8x from run to run on this machine, on every version.", ""]
+    for path in runs:
+        lines.append(render(json.loads(path.read_text()), heading="##"))
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -266,6 +298,7 @@ def main(argv: list[str] | None = None) -> int:
         "rounds": rounds, "thread_states_kept": not args.unpinned,
     }
     res["rpc"] = rpc_rounds(args.quick, rounds)
+    res["load_1min"] = round(os.getloadavg()[0], 1)  # 2 cores: above ~2, others ran too
     if not args.no_ipp:
         try:
             res["ipyparallel"] = ipp_rounds(args.quick)
@@ -273,10 +306,16 @@ def main(argv: list[str] | None = None) -> int:
             res["ipyparallel_error"] = repr(exc)
     res["seconds"] = round(time.monotonic() - t0, 1)
     RESULTS.mkdir(exist_ok=True)
-    stem = "rpc_unpinned" if args.unpinned else "rpc"
-    (RESULTS / f"{stem}.json").write_text(json.dumps(res, indent=1))
-    text = render(res)
-    (RESULTS / f"{stem}.md").write_text(text)
+    if args.unpinned:
+        (RESULTS / "rpc_unpinned.json").write_text(json.dumps(res, indent=1))
+        text = render(res)
+        (RESULTS / "rpc_unpinned.md").write_text(text)
+    else:
+        version = torch.__version__.split("+")[0]
+        run = RESULTS / f"rpc-torch-{version}-{res['mode']}.json"
+        run.write_text(json.dumps(res, indent=1))
+        text = render(res)
+        (RESULTS / "rpc.md").write_text(render_all())
     print(text)
     print(f"{res['seconds']} s")
     return 0

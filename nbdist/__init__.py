@@ -68,6 +68,26 @@ def load_ipython_extension(ipython: Any) -> None:
     register(ipython)
     ipython.events.register("pre_run_cell", _new_cell)
     SESSION.prewarm()
+    _check_torch()
+
+
+def _check_torch() -> None:
+    """One line per feature the torch at hand cannot support (its private names moved);
+    the rest of nbdist works as usual. Only if torch is imported already: ``%load_ext``
+    does not pay for ``import torch`` (the first world start reports instead). Never raises:
+    the check must not stop the start."""
+    import sys
+
+    if "torch.distributed.rpc" not in sys.modules:
+        return
+    try:
+        from .patches import torch_private
+
+        lines = torch_private.report_once()
+    except Exception as exc:  # noqa: BLE001
+        lines = [f"nbdist: could not check this torch's private names ({exc!r})"]
+    for line in lines:
+        print(line, file=sys.stderr)
 
 
 def _new_cell(*_: Any) -> None:

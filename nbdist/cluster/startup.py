@@ -19,6 +19,7 @@ from typing import Any
 
 from ..errors import DistTimeoutError, StartError, WorkerDiedError
 from ..patches import quiet, rpc_hooks, rref_reset, shipping, thread_states, tp_address
+from ..patches.torch_private import report_once, usable
 from ..proc.channel import HandshakeError, Listener
 from ..proc.launch import describe_exit
 from ..proc.netif import Interface
@@ -180,6 +181,8 @@ class Rank0:
         import torch.distributed.rpc as rpc
 
         spec = self.spec
+        for line in report_once():  # unless %load_ext said it: what degrades
+            Router.write("stderr", line + "\n")
         rpc_hooks.reset_world_state()
         quiet.install()
         if not rref_reset.reset_singleton() and self.epoch > 1:
@@ -213,7 +216,8 @@ class Rank0:
                                                  rpc_backend_options=opts),
                             watch, "join the RPC world (init_rpc)")
             self.rpc_up = True
-            rpc._set_rpc_timeout(spec.rpc_timeout)
+            if usable("rpc_timeout"):
+                rpc._set_rpc_timeout(spec.rpc_timeout)
             shipping.register_patched("torch.distributed.rpc", "torch.distributed.rpc.api")
             if spec.process_group:
                 self._in_thread(lambda: dist.init_process_group(
@@ -279,6 +283,9 @@ def _gloo_timeout(seconds: float) -> Iterator[None]:
     """Bound the Gloo group ``init_rpc`` builds (torch gives it 24 days) while rank 0 joins."""
     from torch.distributed.rpc import constants
 
+    if not usable("start_timeout"):
+        yield
+        return
     saved = constants.DEFAULT_PROCESS_GROUP_TIMEOUT
     constants.DEFAULT_PROCESS_GROUP_TIMEOUT = timedelta(seconds=seconds)
     try:

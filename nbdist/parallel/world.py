@@ -95,7 +95,9 @@ def _agent() -> Any:
         return None
     from torch.distributed.rpc import api
 
-    if not api._is_current_rpc_agent_set():
+    from ..patches import torch_private
+
+    if not torch_private.usable("current_agent") or not api._is_current_rpc_agent_set():
         return None
     try:
         return api._get_current_rpc_agent()

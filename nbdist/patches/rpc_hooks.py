@@ -29,6 +29,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+from . import torch_private
 from .thread_states import pin
 
 __all__ = [
@@ -243,7 +244,7 @@ def _explain_transport_error(exc: BaseException, dest: Any, grace: float = 2.0) 
 def install_caller() -> None:
     """Route ``rpc.rpc_sync`` through ``wait_future`` (idempotent)."""
     global _caller_installed
-    if _caller_installed:
+    if _caller_installed or not torch_private.usable("caller"):
         return
     import torch.distributed.rpc as rpc
     from torch.distributed.rpc import api
@@ -285,7 +286,7 @@ def install_callee(after_call: Callable[[], None] | None = None) -> None:
     global _callee_installed, _after_call
     if after_call is not None:
         _after_call = after_call
-    if _callee_installed:
+    if _callee_installed or not torch_private.usable("callee"):
         return
     from torch.distributed.rpc import internal
 
@@ -396,6 +397,8 @@ def interrupt_rpc_threads() -> int:
 
 def reset_world_state() -> None:
     """Forget the per-process RPC counters so this process can join a fresh world."""
+    if not torch_private.usable("restart"):
+        return  # said at %load_ext: a second world in this process hangs
     import torch.distributed.rpc as rpc
     from torch.distributed.rpc import api
 

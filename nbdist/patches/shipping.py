@@ -41,12 +41,14 @@ import threading
 import time
 import types
 import weakref
+from collections import ChainMap
 from collections.abc import Callable
 from typing import Any
 
 import cloudpickle
 
-from . import culprit, fresh, mirror
+from . import culprit, fresh, mirror, torch_private
+from .code_filename import reduce_code
 
 __all__ = ["CODE_WAIT", "dumps", "forget_peers", "install", "installed", "register_patched"]
 
@@ -277,8 +279,6 @@ def _make_new(digest: str, static: tuple, filename: str, lines: list[str] | None
     hit = _by_digest.get(digest)
     if hit is not None:
         return hit
-    if filename and static[0].co_filename != filename:
-        static = (_with_filename(static[0], filename), *static[1:])
     if lines is not None and filename not in linecache.cache:
         linecache.cache[filename] = (sum(map(len, lines)), None, lines, filename)
     if digest not in _known:
@@ -288,14 +288,6 @@ def _make_new(digest: str, static: tuple, filename: str, lines: list[str] | None
             _known[digest] = static
             _known_cv.notify_all()
     return _build(digest, static, base_globals)
-
-
-def _with_filename(code: types.CodeType, filename: str) -> types.CodeType:
-    """``code`` (and the code nested in it) under its cell's filename again: cloudpickle >= 3.1
-    ships every code object as ``<dynamic-code>``, so a traceback would find no source."""
-    consts = tuple(_with_filename(c, filename) if isinstance(c, types.CodeType) else c
-                   for c in code.co_consts)
-    return code.replace(co_filename=filename, co_consts=consts)
 
 
 def _make_known(digest: str, base_globals: dict | None) -> types.FunctionType:
@@ -341,6 +333,8 @@ class ShippingPickler(cloudpickle.Pickler):
     shipped code travel fresh, unless they are one of ``direct`` (the request's own
     arguments: there the caller meant that very object, which cannot travel).
     """
+
+    dispatch_table = ChainMap({types.CodeType: reduce_code}, cloudpickle.Pickler.dispatch_table)
 
     def __init__(self, file: Any, protocol: int | None = None,
                  dispatch_table: Any = None, dest: str | None = None,
@@ -449,6 +443,7 @@ def _dispatch_table(owner: Any) -> dict:
     table[dist.rpc.PyRRef] = owner._py_rref_reducer
     table[dist.rpc.RRef] = owner._rref_reducer
     table[types.MethodType] = _reduce_method
+    table[types.CodeType] = reduce_code  # the cell's file name, for remote tracebacks
     table.update(owner._class_reducer_dict)
     _table_cache[:] = [owner, table, n]
     return table
@@ -585,7 +580,7 @@ def install() -> None:
     call (each new world) also forgets which code the peers hold."""
     global _installed, _ScriptModule, _PythonUDF, _thread_tables
     forget_peers()
-    if _installed:
+    if _installed or not torch_private.usable("shipping"):
         return
     import torch
     from torch.distributed.rpc import api, internal

@@ -25,6 +25,7 @@ import threading
 from typing import Any
 
 from ..envflag import switched_on
+from . import torch_private
 
 __all__ = ["ENV", "install", "pin"]
 
@@ -55,7 +56,7 @@ def install() -> None:
     """Pin each thread that unpickles an RPC message in this process (idempotent)."""
     global _installed
     _Pinned.done = not switched_on(ENV)  # off: every thread reads "pinned", pin() does nothing
-    if _Pinned.done or _installed:
+    if _Pinned.done or _installed or not torch_private.usable("thread_states"):
         return
     from torch.distributed.rpc import internal
 

@@ -48,6 +48,7 @@ from time import perf_counter
 from typing import Any
 
 from ..envflag import switched_on
+from ..patches import torch_private
 from ..patches.thread_states import pin
 from ..table import html_table, text_table
 from . import records
@@ -297,7 +298,7 @@ def install(rank: int, name: str) -> None:
         if rank != 0:  # a worker takes the notebook's setting through its environment
             _enabled = switched_on(ENV)
         _update()
-        if _installed:
+        if _installed or not torch_private.usable("tracing"):
             return
         import torch
         import torch.distributed.rpc as rpc

@@ -1,0 +1,39 @@
+"""Code objects that keep their file name when shipped by value.
+
+A remote traceback shows the notebook cell's lines because the callee registers the cell's
+source in its ``linecache`` under the cell's file name (``shipping._make_new``), and the
+shipped code object points at that name. cloudpickle 3.1.3 started to replace every pickled
+code object's ``co_filename`` by ``"<dynamic-code>"`` (to make payloads deterministic), so
+the callee's traceback read ``File "<dynamic-code>", line 3, in explode`` with no source
+line: a fresh venv, on any torch, picked it up. ``reduce_code`` ships code objects with
+cloudpickle's reducer and puts the real file name back on arrival; with a cloudpickle that
+keeps the name it returns cloudpickle's reduction unchanged.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable
+from typing import Any
+
+import cloudpickle
+
+__all__ = ["reduce_code"]
+
+_cloudpickle_reduce: Callable[[types.CodeType], Any] = cloudpickle.Pickler.dispatch_table[
+    types.CodeType]
+
+
+def _renamed(make: Callable, args: tuple, filename: str) -> types.CodeType:
+    """Unpickling hook: cloudpickle's code object, with its own file name back."""
+    return make(*args).replace(co_filename=filename)
+
+
+def reduce_code(code: types.CodeType) -> Any:
+    """A pickler's reducer for code objects: cloudpickle's, keeping ``co_filename``."""
+    rv = _cloudpickle_reduce(code)
+    make, args = rv[0], rv[1]
+    filename = code.co_filename
+    if filename in args:
+        return rv  # this cloudpickle kept the name
+    return (_renamed, (make, args, filename))

@@ -1,0 +1,280 @@
+"""Every private torch name nbdist patches or reads, looked up once, here.
+
+torch.distributed.rpc is in maintenance mode upstream, but its private names still move
+between releases. Each name nbdist relies on is listed in ``PRIVATES`` with the feature that
+needs it, a check of its shape, and the torch versions it was verified on (by the whole test
+suite: ``make test TORCH=X``). ``problems()`` looks them all up once per process;
+``%load_ext nbdist`` prints one line per feature that cannot work on the torch at hand, naming
+what degrades ("Ctrl-C does not stop ... on torch 2.16.0"), or, when torch is not imported
+yet then (``%load_ext`` stays instant), the first world start does, before it patches
+anything. The patch modules ask ``usable``
+before they patch, so a missing or reshaped name turns one feature off instead of crashing
+the start, and never patches something whose shape nbdist does not know.
+
+``tests/test_torch_pins.py`` pins this list, and checks that every private name the package's
+source reaches into is listed here.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+__all__ = ["FEATURES", "PRIVATES", "VERIFIED", "Private", "problems", "report", "report_once",
+           "usable"]
+
+# torch versions the whole suite passed on (README "Torch versions"); entries verified on
+# fewer say so in their own ``verified``.
+VERIFIED = ("2.11.0", "2.13.0", "2.14.1")
+
+# feature -> what the user loses when it cannot be installed on their torch
+FEATURES = {
+    "shipping": "functions and classes defined in notebook cells cannot be sent over RPC "
+                "(torch sends them by name)",
+    "thread_states": "small RPCs are slower (~1.2x plain torch: thread states not kept)",
+    "callee": "Ctrl-C does not stop RPC functions running on a rank, and their printed "
+              "output may arrive after the result",
+    "caller": "Ctrl-C does not interrupt rpc_sync, and a call to a dead rank waits for its "
+              "timeout",
+    "restart": "a second world in one kernel hangs (%dist_restart): restart the kernel "
+               "between worlds",
+    "rref_reset": "RRefs held in the notebook may fail after %dist_restart",
+    "tp_address": "switching between a local world and one across hosts needs a kernel "
+                  "restart",
+    "tracing": "no RPC tracing (rpc_stats and the dashboard's latencies stay empty)",
+    "start_timeout": "a rank that never joins makes %dist_start wait Gloo's own timeout",
+    "rpc_timeout": "a world keeps its start deadline as the default RPC timeout",
+    "current_agent": "nbdist.parallel does not find the running RPC agent",
+    "async_marker": "nbdist.parallel runs @rpc.functions.async_execution functions as plain "
+                    "ones",
+}
+
+
+@dataclass(frozen=True)
+class Private:
+    """One private torch name: ``module`` then ``attr`` (dotted for an attribute of an
+    attribute), the feature that needs it, and what it must look like."""
+
+    feature: str
+    module: str
+    attr: str
+    check: Callable[[Any], bool] = callable
+    verified: tuple[str, ...] = VERIFIED
+    lookup: Callable[[], Any] | None = None  # for what is not a Python attribute
+
+    @property
+    def name(self) -> str:
+        return f"{self.module}.{self.attr}"
+
+
+def _arity(n: int) -> Callable[[Any], bool]:
+    """A check: callable with ``n`` positional parameters (pybind functions: from the
+    signature line of their docstring)."""
+    def check(obj: Any) -> bool:
+        if not callable(obj):
+            return False
+        try:
+            params = inspect.signature(obj).parameters.values()
+            return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+                       for p in params) == n
+        except (TypeError, ValueError):
+            pass
+        line = (getattr(obj, "__doc__", None) or "").split("\n", 1)[0]
+        start = line.find("(")
+        if start < 0:
+            return False
+        depth, count, empty = 0, 1, True
+        for ch in line[start + 1:]:
+            if ch in "([":
+                depth += 1
+            elif ch in ")]":
+                if depth == 0:
+                    break
+                depth -= 1
+            elif ch == "," and depth == 0:
+                count += 1
+            elif not ch.isspace():
+                empty = False
+        return (0 if empty else count) == n
+
+    return check
+
+
+def _is(*kinds: type) -> Callable[[Any], bool]:
+    return lambda obj: isinstance(obj, kinds)
+
+
+def _lock(obj: Any) -> bool:
+    return hasattr(obj, "acquire") and hasattr(obj, "release")
+
+
+def _defaultdict(obj: Any) -> bool:
+    import collections
+
+    return isinstance(obj, collections.defaultdict)
+
+
+def _thread_local(obj: Any) -> bool:
+    return isinstance(obj, threading.local)
+
+
+def _python_udf(obj: Any) -> bool:
+    return getattr(obj, "_fields", None) == ("func", "args", "kwargs")
+
+
+def _async_marker() -> Any:
+    import torch.distributed.rpc as rpc
+
+    @rpc.functions.async_execution
+    def probe() -> None:
+        pass
+
+    return getattr(probe, "_wrapped_async_rpc_function", None)
+
+
+def _rref_symbols() -> Any:
+    from . import rref_reset
+
+    return rref_reset.available() or None
+
+
+def _tp_symbols() -> Any:
+    from . import tp_address
+
+    return tp_address._addresses()
+
+
+_RPC = "torch.distributed.rpc"
+_API = "torch.distributed.rpc.api"
+_INTERNAL = "torch.distributed.rpc.internal"
+_C = "torch._C._distributed_rpc"
+
+PRIVATES: tuple[Private, ...] = (
+    # shipping: the RPC pickler swapped for a by-value one, code sent once per destination
+    Private("shipping", _INTERNAL, "_internal_rpc_pickler.serialize", _arity(1)),
+    Private("shipping", _INTERNAL, "_internal_rpc_pickler._dispatch_table", _is(dict)),
+    Private("shipping", _INTERNAL, "_internal_rpc_pickler._class_reducer_dict", _is(dict)),
+    Private("shipping", _INTERNAL, "_internal_rpc_pickler._py_rref_reducer", _arity(1)),
+    Private("shipping", _INTERNAL, "_internal_rpc_pickler._rref_reducer", _arity(1)),
+    Private("shipping", _INTERNAL, "_internal_rpc_pickler._script_module_reducer", _arity(1)),
+    Private("shipping", _INTERNAL, "_thread_local_tensor_tables", _thread_local),
+    Private("shipping", _INTERNAL, "PythonUDF", _python_udf),
+    Private("shipping", _API, "_to_worker_info", _arity(1)),
+    Private("shipping", _API, "_invoke_rpc_python_udf", _arity(5)),
+    Private("shipping", _API, "_invoke_remote_python_udf", _arity(5)),
+    # thread_states: every thread that unpickles an RPC message keeps its Python state
+    Private("thread_states", _INTERNAL, "_internal_rpc_pickler.deserialize", _arity(2)),
+    # callee: RPC functions registered while they run (interrupts, output before the reply)
+    Private("callee", _INTERNAL, "_run_function", _arity(1)),
+    Private("callee", _INTERNAL, "RemoteException", _is(type)),
+    Private("callee", _C, "_get_current_rpc_agent", _arity(0)),
+    # caller: an interruptible rpc_sync
+    Private("caller", _API, "_invoke_rpc", _arity(6)),
+    Private("caller", _API, "_require_initialized", _arity(1)),
+    Private("caller", _API, "RPCExecMode.SYNC", lambda obj: obj is not None),
+    # restart: the per-process counters that make a second init_rpc hang
+    Private("restart", _RPC, "_init_counter", _is(int)),
+    Private("restart", _RPC, "_init_counter_lock", _lock),
+    Private("restart", _API, "_all_gather_dict_lock", _lock),
+    Private("restart", _API, "_all_gather_sequence_id", _is(dict)),
+    Private("restart", _API, "_all_gather_sequence_id_to_states", _defaultdict),
+    # C++ statics found in libtorch_cpu.so's symbol table
+    Private("rref_reset", "libtorch_cpu.so", "RRefContext::getInstance()::context",
+            lambda obj: obj is True, lookup=_rref_symbols),
+    Private("tp_address", "libtorch_cpu.so", "TensorPipeAgent::guessAddress()::uvAddress",
+            lambda obj: obj is not None, lookup=_tp_symbols),
+    # tracing: torch's RPC entry points wrapped to time each call
+    Private("tracing", _API, "PythonUDF", _python_udf),
+    Private("tracing", _API, "_invoke_rpc_python_udf", _arity(5)),
+    Private("tracing", _API, "_invoke_remote_python_udf", _arity(5)),
+    Private("tracing", _API, "_invoke_rpc_builtin"),
+    Private("tracing", _API, "_invoke_remote_builtin"),
+    Private("tracing", _API, "_invoke_rpc_torchscript"),
+    Private("tracing", _API, "_invoke_remote_torchscript"),
+    Private("tracing", "torch.distributed.rpc.rref_proxy", "_local_invoke", _arity(4)),
+    Private("tracing", "torch.distributed.rpc.rref_proxy", "_local_invoke_async_execution",
+            _arity(4)),
+    Private("tracing", _C, "PyRRef.to_here"),
+    # the rest: read, not patched
+    Private("start_timeout", "torch.distributed.rpc.constants", "DEFAULT_PROCESS_GROUP_TIMEOUT",
+            _is(timedelta)),
+    Private("rpc_timeout", _RPC, "_set_rpc_timeout", _arity(1)),
+    Private("current_agent", _API, "_is_current_rpc_agent_set", _arity(0)),
+    Private("current_agent", _API, "_get_current_rpc_agent", _arity(0)),
+    Private("async_marker", "torch.distributed.rpc.functions", "_wrapped_async_rpc_function",
+            lookup=_async_marker),  # the decorated function's marker: the function itself
+)
+
+_lock_once = threading.Lock()
+_found: list[tuple[Private, str]] | None = None  # (entry, what is wrong) once looked up
+
+
+def _look(p: Private) -> str | None:
+    """What is wrong with ``p`` on this torch, or None."""
+    try:
+        if p.lookup is not None:
+            obj = p.lookup()
+        else:
+            obj = importlib.import_module(p.module)
+            for part in p.attr.split("."):
+                obj = getattr(obj, part)
+    except (ImportError, AttributeError):
+        return "missing"
+    except Exception as exc:  # noqa: BLE001 - a lookup must never break the start
+        return f"unreadable ({type(exc).__name__})"
+    try:
+        return None if p.check(obj) else "changed shape"
+    except Exception:  # noqa: BLE001
+        return "changed shape"
+
+
+def problems() -> list[tuple[Private, str]]:
+    """Every listed name that is missing or changed on this torch (looked up once)."""
+    global _found
+    if _found is None:
+        with _lock_once:
+            if _found is None:
+                _found = [(p, wrong) for p in PRIVATES if (wrong := _look(p)) is not None]
+    return _found
+
+
+def usable(feature: str) -> bool:
+    """Whether every private name ``feature`` needs is there, in the shape nbdist knows."""
+    if feature not in FEATURES:
+        raise KeyError(f"unknown feature {feature!r}")
+    return not any(p.feature == feature for p, _ in problems())
+
+
+def report() -> list[str]:
+    """One line per feature that degrades on this torch (what is lost, and which names),
+    and one if this torch is not among the versions the suite was run on."""
+    import torch
+
+    version = torch.__version__.split("+")[0]
+    lines = []
+    for feature, lost in FEATURES.items():
+        bad = [f"{p.name} {wrong}" for p, wrong in problems() if p.feature == feature]
+        if bad:
+            lines.append(f"nbdist: {lost} on torch {version} ({'; '.join(bad)})")
+    if version not in VERIFIED:
+        lines.append(f"nbdist: torch {version} is not among the versions nbdist was tested on "
+                     f"({', '.join(VERIFIED)}); `make test TORCH={version}` checks it")
+    return lines
+
+
+_reported = False
+
+
+def report_once() -> list[str]:
+    """``report()`` the first time it is called in this process, nothing afterwards."""
+    global _reported
+    with _lock_once:
+        if _reported:
+            return []
+        _reported = True
+    return report()
