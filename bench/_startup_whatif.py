@@ -16,7 +16,9 @@ outside, by starting the template through this file and by replacing one functio
   a worker's garbage collections do not touch (copy-on-write) the template's objects.
 
 Prints a table of medians (seconds and CPU seconds) and writes ``bench/results/
-startup_whatif.json``. Cleans up like ``startup.py``; exits non-zero on any error.
+startup_whatif.json`` (naming the commit measured). Cleans up like ``startup.py``; exits
+non-zero on any error. ``--smoke``: ``optim-in-template`` once (both shims), one worker, a
+temporary directory.
 """
 
 from __future__ import annotations
@@ -84,7 +86,7 @@ def _template(fd: int, runtime_dir: str) -> None:
     from nbdist.proc import template
 
     variant = os.environ.get(ENV, "as-is")
-    preload = template._preload
+    preload = template.preload
 
     def _preload() -> None:
         preload()
@@ -96,7 +98,7 @@ def _template(fd: int, runtime_dir: str) -> None:
             gc.collect()
             gc.freeze()
 
-    template._preload = _preload
+    template.preload = _preload
     template.main(fd, runtime_dir)
 
 
@@ -148,9 +150,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--restarts", type=int, default=3)
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
     ap.add_argument("--timeout", type=float, default=600.0)
-    args = ap.parse_args(argv)
-
     sys.path.insert(0, str(HERE))
+    import _common
+
+    _common.add_arguments(ap)
+    args = ap.parse_args(argv)
+    if args.smoke:  # both shims (the template's, rank 0's warnings) once, one worker
+        args.n, args.rounds, args.restarts = 1, 1, 1
+        args.variants = ["optim-in-template"]
+    out_dir = _common.out_dir(args)
+
     import shutil
     import tempfile
 
@@ -158,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
 
     _become_subreaper()
     version = _nbdist_version()
+    commit = _common.measured_commit()
     cwd, tmp = os.getcwd(), Path(tempfile.mkdtemp(prefix="nbdist-bench-whatif-"))
     _snapshot(tmp / "src")  # one version of nbdist for every variant, however long this takes
     os.environ.setdefault("NBDIST_TEMPLATE_IDLE", "600")
@@ -205,8 +215,9 @@ def main(argv: list[str] | None = None) -> int:
         summary[v] = s
         print(f"{v:18} {s['cold']:7.2f} {s['cold_cpu']:8.2f} {s['restart']:9.2f} "
               f"{s['restart_cpu']:11.2f}")
-    out = HERE / "results" / "startup_whatif.json"
-    out.write_text(json.dumps({"n": args.n, "nbdist": version, "load_start": load0,
+    out = out_dir / "startup_whatif.json"
+    out.write_text(json.dumps({"commit": commit, "n": args.n, "nbdist": version,
+                               "smoke": args.smoke, "load_start": load0,
                                "load_end": os.getloadavg()[0], "summary": summary, "runs": rows,
                                "leftovers": leftovers}, indent=1) + "\n")
     print(f"wrote {out}")

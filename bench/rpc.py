@@ -17,7 +17,9 @@ Then ipyparallel, the peer a notebook user would otherwise pick: one engine on l
 
 Reported: median, p10, p90 per call and the ratio of medians nbdist / plain (and ipyparallel
 / plain). Absolute times on a shared 2-core machine are noisy; the ratios come from
-interleaved rounds of the same run. Writes ``bench/results/rpc.json`` and ``rpc.md``.
+interleaved rounds of the same run. Writes ``bench/results/rpc.json`` and ``rpc.md``
+(``--unpinned``: ``rpc_unpinned.*``), naming the commit measured. ``--smoke``: two payloads,
+a few calls, no ipyparallel, results to a temporary directory.
 Every process it starts is stopped at the end.
 """
 
@@ -41,14 +43,13 @@ import torch.distributed.rpc as rpc
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+import _common  # noqa: E402
 from _rpc_loops import KINDS, PAYLOADS, measure, tensor  # noqa: E402
 
 import nbdist  # noqa: E402
 from nbdist.patches import thread_states  # noqa: E402
 
 __all__ = ["NbBox", "main", "nb_echo"]
-
-RESULTS = HERE / "results"
 
 
 # Defined here, in __main__, like a notebook cell's function and class: nbdist ships them by
@@ -66,8 +67,10 @@ class NbBox:
         return x
 
 
-def _plan(quick: bool) -> dict[str, tuple[int, int]]:
-    """payload -> (calls per block, async window)."""
+def _plan(quick: bool | str) -> dict[str, tuple[int, int]]:
+    """payload -> (calls per block, async window); ``quick`` may be ``"smoke"``."""
+    if quick == "smoke":
+        return {"16 B": (4, 2), "1 MB": (2, 2)}
     if quick:
         return {"16 B": (300, 16), "64 KB": (150, 16), "1 MB": (40, 8), "16 MB": (6, 2),
                 "64 MB": (2, 2)}
@@ -119,7 +122,7 @@ def _stats(xs: list[float]) -> dict:
             "p90_us": q[-1] * 1e6, "n": len(xs)}
 
 
-def rpc_rounds(quick: bool, rounds: int) -> dict:
+def rpc_rounds(quick: bool | str, rounds: int) -> dict:
     """plain vs nbdist, every kind and payload, ``rounds`` interleaved rounds."""
     plan = _plan(quick)
     samples: dict[tuple[str, str, str], list[float]] = {}
@@ -162,7 +165,7 @@ def rpc_rounds(quick: bool, rounds: int) -> dict:
     return out
 
 
-def ipp_rounds(quick: bool) -> dict:
+def ipp_rounds(quick: bool | str) -> dict:
     """ipyparallel, one engine on loopback: apply_sync(echo, x) and push + pull of x."""
     import ipyparallel as ipp
 
@@ -206,7 +209,8 @@ def _fmt_us(us: float) -> str:
 
 def render(res: dict) -> str:
     lines = [f"# RPC: nbdist vs plain torch vs ipyparallel ({res['when']})", "",
-             f"{res['machine']}; torch {res['torch']}; mode {res['mode']}, "
+             f"{res['machine']}; torch {res['torch']}; nbdist at {res['commit']}; "
+             f"mode {res['mode']}, "
              f"{res['rounds']} interleaved rounds. Rank 0 calls one worker; an echo of a "
              "float32 tensor (there and back). nbdist: the function and class defined in "
              "`__main__` (as in a notebook), tracing and output routing on. Plain torch: "
@@ -254,29 +258,33 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-ipp", action="store_true", help="skip ipyparallel")
     ap.add_argument("--unpinned", action="store_true",
                     help="nbdist without keeping torch's RPC thread states (the cost before)")
+    _common.add_arguments(ap)
     args = ap.parse_args(argv)
-    rounds = args.rounds or (2 if args.quick else 5)
+    quick: bool | str = "smoke" if args.smoke else args.quick
+    rounds = args.rounds or (1 if args.smoke else 2 if args.quick else 5)
     if args.unpinned:
         os.environ[thread_states.ENV] = "0"
+    out = _common.out_dir(args)
     t0 = time.monotonic()
     res: dict[str, Any] = {
         "when": datetime.datetime.now().isoformat(timespec="seconds"),
+        "commit": _common.measured_commit(),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
-        "torch": torch.__version__, "mode": "quick" if args.quick else "full",
+        "torch": torch.__version__,
+        "mode": "smoke" if args.smoke else "quick" if args.quick else "full",
         "rounds": rounds, "thread_states_kept": not args.unpinned,
     }
-    res["rpc"] = rpc_rounds(args.quick, rounds)
-    if not args.no_ipp:
+    res["rpc"] = rpc_rounds(quick, rounds)
+    if not (args.no_ipp or args.smoke):  # ipyparallel's start alone takes longer than a smoke
         try:
-            res["ipyparallel"] = ipp_rounds(args.quick)
+            res["ipyparallel"] = ipp_rounds(quick)
         except Exception as exc:  # noqa: BLE001 - the RPC figures still count
             res["ipyparallel_error"] = repr(exc)
     res["seconds"] = round(time.monotonic() - t0, 1)
-    RESULTS.mkdir(exist_ok=True)
     stem = "rpc_unpinned" if args.unpinned else "rpc"
-    (RESULTS / f"{stem}.json").write_text(json.dumps(res, indent=1))
+    (out / f"{stem}.json").write_text(json.dumps(res, indent=1))
     text = render(res)
-    (RESULTS / f"{stem}.md").write_text(text)
+    (out / f"{stem}.md").write_text(text)
     print(text)
     print(f"{res['seconds']} s")
     return 0
