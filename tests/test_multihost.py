@@ -455,3 +455,19 @@ def test_an_impostor_at_the_join_listener_is_dropped_and_the_start_goes_on(own, 
         assert rpc.rpc_sync(c.names[1], where)[0] == _netns_inode(fh.ns["a"])
     finally:
         c.stop()
+
+
+def test_dist_restart_after_dist_stop_keeps_the_hosts(own):
+    from IPython.testing.globalipapp import get_ipython
+
+    fh = own
+    ip = get_ipython()
+    ip.run_line_magic("load_ext", "nbdist")
+    ip.run_line_magic("dist_start", f"1 --hosts {fh.ns['a']}:1 --iface {fh.address} "
+                                    f"--launcher '{fh.launcher}' --remote-python {sys.executable}")
+    before = nbdist.current().spec
+    ip.run_line_magic("dist_stop", "")
+    ip.run_line_magic("dist_restart", "")
+    c = nbdist.current()
+    assert c.spec == before and c.world_size == 3
+    assert rpc.rpc_sync(c.names[2], where)[0] == _netns_inode(fh.ns["a"])

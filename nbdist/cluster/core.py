@@ -37,7 +37,7 @@ from .session import SESSION
 from .startup import Rank0, StartWatch, worker_config
 from .status import HostTable, StatusTable, collect_status, host_status
 
-__all__ = ["Cluster", "current", "last_spec", "release_hosts", "start", "stop"]
+__all__ = ["Cluster", "current", "last_spec", "release_hosts", "restart", "start", "stop"]
 
 
 def current() -> Cluster | None:
@@ -74,6 +74,29 @@ def start(n: int, *, name: str = "worker0", worker_name: str = "worker{rank}",
     cluster = Cluster(spec)
     cluster._start(quiet=quiet)
     return cluster
+
+
+def restart(n: int | None = None, *, quiet: bool = False, **changes: Any) -> Cluster:
+    """Restart the running world or, after a stop, start the last one again (``%dist_restart``).
+
+    Every setting not given keeps its value, ``hosts``, ``iface``, ``launcher`` and
+    ``remote_python`` included (``hosts=()`` drops the hosts).
+    """
+    c = current()
+    if c is not None:
+        return c.restart(n, quiet=quiet, **changes)
+    if SESSION.last_spec is None:
+        raise ClusterStateError("no world to restart; start one with `%dist_start N`")
+    cluster = Cluster(_changed(SESSION.last_spec, n, changes))
+    cluster._start(quiet=quiet)
+    return cluster
+
+
+def _changed(spec: WorldSpec, n: int | None, changes: dict[str, Any]) -> WorldSpec:
+    """``spec`` with the settings given changed (``None``: as it was), validated."""
+    if changes.get("hosts") is not None:
+        changes = {**changes, "hosts": parse_hosts(changes["hosts"], slurm_hosts) or ()}
+    return spec.with_changes(n=n, **changes).validate()
 
 
 def stop() -> None:
@@ -425,9 +448,7 @@ class Cluster:
     def restart(self, n: int | None = None, *, quiet: bool = False, **changes: Any) -> Cluster:
         """Stop this world and start a new one; unspecified settings stay as they were
         (``hosts=()`` drops the hosts)."""
-        if "hosts" in changes and changes["hosts"] is not None:
-            changes["hosts"] = parse_hosts(changes["hosts"], slurm_hosts) or ()
-        spec = self.spec.with_changes(n=n, **changes).validate()
+        spec = _changed(self.spec, n, changes)
         self.stop()
         cluster = Cluster(spec)
         cluster._start(quiet=quiet)
