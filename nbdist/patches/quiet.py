@@ -2,7 +2,9 @@
 
 torch logs straight to file descriptor 2, which Jupyter shows in the running cell:
 - a ``pipe closed``/``eof`` warning per peer whenever a world ends or a worker dies (nbdist
-  says itself, in words, when a worker dies);
+  says itself, in words, when a worker dies); when it ends right after distributed autograd,
+  a failed release of the autograd context on a peer already gone, and a reply not sent
+  because the agent is shutting down;
 - an error with a C++ stack trace when an RRef of an earlier, larger world is garbage-collected
   (its owner no longer exists; there is nothing to tell it).
 
@@ -19,8 +21,12 @@ import threading
 __all__ = ["MAX_PARTIAL", "NOISE_BLOCK", "NOISE_LINE", "filter_chunk", "filter_lines", "install",
            "installed"]
 
-NOISE_LINE = re.compile(rb"tensorpipe_agent\.cpp.*encountered error .*(pipe closed|eof|"
-                        rb"Connection reset by peer|connection closed)")
+_PEER_GONE = rb"(pipe closed|eof|Connection reset by peer|connection closed)"
+NOISE_LINE = re.compile(
+    rb"tensorpipe_agent\.cpp.*encountered error .*" + _PEER_GONE
+    + rb"|tensorpipe_agent\.cpp.*won't send response to request #\d+ to .*as the agent is "
+      rb"shutting down"
+    + rb"|container\.cpp.*Could not release Dist Autograd Context on node \d+: " + _PEER_GONE)
 NOISE_BLOCK = re.compile(rb"Error occurred when deletingUserRRef|Detected RRef Leaks during "
                          rb"shutdown")
 # a noise block goes on while lines look like the rest of a C++ trace
