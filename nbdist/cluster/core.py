@@ -158,6 +158,12 @@ class Cluster:
         watch = StartWatch(self.ranks, t0 + spec.start_timeout, spec.start_timeout, self._cv)
         template = SESSION.get_template()
         if spec.n:
+            changed = template.env_changed()
+            if changed:  # its torch was imported under the old values: workers must see these
+                template.close()
+                if not quiet:
+                    print(f"nbdist: {', '.join(changed)} changed since the worker template "
+                          "imported torch; starting a fresh template (one `import torch`)")
             template.ensure_started()  # imports torch in parallel with us
         import torch.distributed.rpc as rpc
 

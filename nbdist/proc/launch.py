@@ -14,13 +14,23 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from ..errors import DistTimeoutError, StartError
 from .channel import Channel
 from .protocol import Exit, Exited, Kill, Message, ProtocolError, Spawn, Spawned, TemplateReady
 
-__all__ = ["Template", "describe_exit"]
+__all__ = ["IMPORT_TIME_ENV", "Template", "describe_exit", "import_time_env"]
+
+#: Prefixes of environment variables that torch, OpenMP or a BLAS read when torch is imported
+#: (``TORCH_LOGS``, ``OMP_NUM_THREADS``, ...): workers forked from a template share its import,
+#: so a template started before one of them changed must be started again.
+IMPORT_TIME_ENV = ("TORCH_", "PYTORCH_", "OMP_", "KMP_", "MKL_", "OPENBLAS_", "GLOG_")
+
+
+def import_time_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The variables of ``env`` that count at ``import torch`` (``IMPORT_TIME_ENV``)."""
+    return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME_ENV)}
 
 
 def describe_exit(code: int | None) -> str:
@@ -50,6 +60,7 @@ class Template:
         self._reader: threading.Thread | None = None
         self._ready = threading.Event()
         self._spawn_cv = threading.Condition()
+        self.started_env: dict[str, str] = {}  # import_time_env of the running template
 
     # -- life cycle -------------------------------------------------------------------------
     def alive(self) -> bool:
@@ -63,6 +74,7 @@ class Template:
         ours, theirs = socket.socketpair()
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        self.started_env = import_time_env(env)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "nbdist.proc.template", str(theirs.fileno()), self.runtime_dir],
             pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -74,6 +86,15 @@ class Template:
         self._reader = threading.Thread(target=self._read_loop, args=(self.conn, self.proc),
                                         name="nbdist-template-reader", daemon=True)
         self._reader.start()
+
+    def env_changed(self) -> list[str]:
+        """Import-time variables (``IMPORT_TIME_ENV``) that differ in this process's
+        environment now from the one the running template imported torch with."""
+        if not self.alive():
+            return []
+        now = import_time_env(os.environ)
+        return sorted(k for k in now.keys() | self.started_env.keys()
+                      if now.get(k) != self.started_env.get(k))
 
     def wait_ready(self, deadline: float) -> None:
         while not self._ready.wait(0.05):
