@@ -700,6 +700,7 @@ def _growth(out: Path, quick: bool, smoke: bool = False, commit: str = "unknown"
     """N = 1..16 growth and the warm first start (``_startup_growth``); stops what it starts."""
     import _startup_growth
 
+    import nbdist
     from nbdist.cluster.session import SESSION as _cl
 
     try:
@@ -709,22 +710,20 @@ def _growth(out: Path, quick: bool, smoke: bool = False, commit: str = "unknown"
         traceback.print_exc()
         return 1
     finally:
-        if _cl.current is not None:
-            _cl.current.stop()
+        nbdist.stop()
         if _cl.template is not None:
             _cl.template.close()
 
 
 def _cleanup(bench: Bench, error: str | None) -> str | None:
     """Stop nbdist here and its template, kill anything else still running; say what."""
+    import nbdist
     from nbdist.cluster.session import SESSION as _cl
 
     try:
         if bench.cluster is not None:
             bench.cluster.stop()
-        nbdist_cur = _cl.current
-        if nbdist_cur is not None:
-            nbdist_cur.stop()
+        nbdist.stop()
         if _cl.template is not None:
             _cl.template.close()
     except Exception as exc:  # noqa: BLE001

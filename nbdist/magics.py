@@ -15,7 +15,6 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class, no_
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from .cluster import core as _cluster
-from .cluster.session import SESSION
 from .errors import ClusterStateError
 
 __all__ = ["DistMagics"]
@@ -179,7 +178,7 @@ class DistMagics(Magics):
         when the world spans hosts); ``--hosts``: one line per host."""
         if line.strip() not in ("", "--hosts"):
             raise UsageError("%dist_status takes no arguments but --hosts")
-        c = SESSION.current
+        c = _cluster.Cluster.latest
         if c is None or not c.ranks:
             raise UsageError("no nbdist world is running; start one with `%dist_start N`")
         return c.hosts_status() if line.strip() == "--hosts" else c.status()

@@ -168,7 +168,7 @@ def _listeners_of_our_processes() -> list[str]:
 
 def test_the_store_rejects_a_wrong_key_before_unpickling(hostworld, tmp_path):
     fh, c = hostworld
-    address = c._store.address
+    address = c._world.store.address
     with pytest.raises(HandshakeError):
         connect(address, b"not the key" * 3, timeout=5.0)
     # a peer that skips the handshake and sends a pickle: nothing of it is ever loaded
@@ -220,7 +220,7 @@ def test_a_killed_host_is_noticed_its_ranks_fail_fast_and_restart_relaunches_it(
     fh = own
     c = _start(fh)
     try:
-        agent = c._agents[fh.ns["b"]]
+        agent = c._world.agents[fh.ns["b"]]
         os.kill(agent.proc.pid, signal.SIGKILL)  # `ip netns exec` exec'd: this is the agent
         t0 = time.monotonic()
         wait_until(lambda: not c.ranks[4].alive and not c.ranks[5].alive, 5.0,

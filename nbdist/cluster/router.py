@@ -89,6 +89,9 @@ class _TerminalLive:
 class StatusLine:
     """A one-line status updated in place (Jupyter display handle, or ``\r`` on stderr)."""
 
+    AFTER = 2.0  # a wait (cell, start) running longer than this gets a status line
+    EVERY = 0.5  # seconds between its updates
+
     def __init__(self) -> None:
         self.jupyter = in_jupyter()
         self.live = LiveLine() if self.jupyter else None

@@ -15,12 +15,13 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
+from typing import Protocol, runtime_checkable
 
 from ..errors import DistTimeoutError, StartError
 from .channel import Channel
 from .protocol import Exit, Exited, Kill, Message, ProtocolError, Spawn, Spawned, TemplateReady
 
-__all__ = ["IMPORT_TIME_ENV", "Template", "describe_exit", "import_time_env"]
+__all__ = ["IMPORT_TIME_ENV", "Launcher", "Template", "describe_exit", "import_time_env"]
 
 #: Prefixes of environment variables that torch, OpenMP or a BLAS read when torch is imported
 #: (``TORCH_LOGS``, ``OMP_NUM_THREADS``, ...): workers forked from a template share its import,
@@ -46,6 +47,34 @@ def describe_exit(code: int | None) -> str:
                 "SIGABRT": " (aborted)", "SIGBUS": " (bus error)"}.get(name, "")
         return f"killed by {name}{what}"
     return f"exited with code {code}"
+
+
+@runtime_checkable
+class Launcher(Protocol):
+    """What forks a world's workers and watches them, seen from the notebook: ``Template`` on
+    this machine, ``hosts.HostAgent`` on another (as jupyter_client's kernel provisioners sit
+    behind one interface). ``on_exit(pid, code)`` is told of each worker it reaped."""
+
+    on_exit: Callable[[int, int], None] | None
+
+    @property
+    def pid(self) -> int | None:
+        """The launcher's own process, while it runs."""
+
+    def alive(self) -> bool:
+        """Whether it runs and answers (a dead launcher's workers are dead too)."""
+
+    def wait_ready(self, deadline: float) -> None:
+        """Return once it can fork; raise ``StartError``/``DistTimeoutError`` otherwise."""
+
+    def spawn(self, configs: list[dict], deadline: float) -> dict[int, int]:
+        """Fork one worker per config (``cluster.startup.worker_config``); rank -> pid."""
+
+    def kill(self, pids: list[int], sig: int = signal.SIGKILL) -> None:
+        """Signal workers it forked and has not reaped (never a reused pid)."""
+
+    def close(self, timeout: float = 5.0) -> None:
+        """End it and with it every worker it forked."""
 
 
 class Template:

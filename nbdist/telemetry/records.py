@@ -53,6 +53,7 @@ __all__ = [
     "record_count",
     "register_internal",
     "send_internal",
+    "set_identity",
     "subscribe",
     "unsubscribe",
 ]
@@ -66,9 +67,7 @@ REPR_CHARS = 200  # an Opaque's repr is cut to this length
 
 _lock = threading.Lock()
 _subscribers: list[Callable[[list[dict]], None]] = []
-_internal: dict[str, Callable[[dict], None]] = {}
-# internal record kinds and the module that registers a handler for them when imported
-_PROVIDERS = {"trace": "nbdist.telemetry.tracing", "timing": "nbdist.telemetry.timing"}
+_internal: dict[str, Callable[[dict], None]] = {}  # kind -> handler (register_internal)
 _rank = 0
 _name = "worker0"
 _generation = 0  # bumped by clear_history, so displays know to start over
@@ -399,13 +398,9 @@ def _store(rank: int | None, name: str | None, rows: list) -> None:
 
 
 def _handler(kind: str) -> Callable[[dict], None] | None:
-    handler = _internal.get(kind)
-    if handler is None and kind in _PROVIDERS:
-        import importlib
-
-        importlib.import_module(_PROVIDERS[kind])  # registers itself on import
-        handler = _internal.get(kind)
-    return handler
+    """The handler registered for ``kind`` (tracing and timing register theirs when imported;
+    rank 0's receiver imports both)."""
+    return _internal.get(kind)
 
 
 def register_internal(kind: str, handler: Callable[[dict], None] | None,
@@ -430,7 +425,7 @@ def send_internal(kind: str, **fields: Any) -> None:
         _deliver([rec])
 
 
-def _set_identity(rank: int, name: str) -> None:
+def set_identity(rank: int, name: str) -> None:
     """This process is ``rank`` called ``name`` (rank 0: called when its world is ready)."""
     global _rank, _name
     _rank, _name = rank, name
@@ -439,7 +434,7 @@ def _set_identity(rank: int, name: str) -> None:
 def _start_worker_flusher(channel: Any, rank: int, name: str) -> None:
     global _worker
     _worker = True
-    _set_identity(rank, name)
+    set_identity(rank, name)
     threading.Thread(target=_flush_loop, args=(channel, rank), daemon=True,
                      name="nbdist-metrics").start()
 
