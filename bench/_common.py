@@ -14,7 +14,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-__all__ = ["RESULTS", "add_arguments", "measured_commit", "out_dir", "png_metadata"]
+__all__ = ["RESULTS", "add_arguments", "measured_commit", "out_dir", "png_metadata", "tree_cpu"]
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -58,6 +58,22 @@ def measured_commit() -> str:
     changed = [line[3:] for line in dirty.splitlines()
                if not line[3:].startswith("bench/results/")]
     return (head or "unknown") + ("-dirty" if changed else "")
+
+
+def tree_cpu() -> float:
+    """CPU seconds (user + system) used so far by this process and all its descendants,
+    reaped ones included."""
+    import psutil
+
+    me = psutil.Process()
+    total = 0.0
+    for p in [me, *me.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+        except psutil.Error:
+            continue
+        total += t.user + t.system + t.children_user + t.children_system
+    return total
 
 
 def png_metadata(commit: str) -> dict[str, str]:

@@ -9,7 +9,7 @@ outside, by starting the template through this file and by replacing one functio
 - ``as-is``: nbdist as it is (since 88ee4d7 nobody imports ``torch.distributed.optim`` at
   start-up; an import hook silences its warning if a user imports it).
 - ``optim-in-workers``: as before d3256c8: rank 0 and every forked worker import
-  ``torch.distributed.optim`` (~1.5 CPU s each) in ``rpc_hooks.quiet_warnings``.
+  ``torch.distributed.optim`` (~1.5 CPU s each) in ``quiet.hide_warnings``.
 - ``optim-in-template``: as between d3256c8 and 88ee4d7: the template imports it once before
   forking (workers inherit it), rank 0 imports it too.
 - ``gc-freeze``: as-is, and the template calls ``gc.collect(); gc.freeze()`` before forking, so
@@ -38,12 +38,12 @@ ENV = "NBDIST_BENCH_WHATIF"
 
 
 def _eager_quiet_warnings() -> None:
-    """``rpc_hooks.quiet_warnings`` as it was before 88ee4d7: imports torch.distributed.optim."""
+    """``quiet.hide_warnings`` as it was before 88ee4d7: imports torch.distributed.optim."""
     import warnings
 
-    from nbdist.patches import rpc_hooks
+    from nbdist.patches import quiet
 
-    for pattern in rpc_hooks.NOISE:
+    for pattern in quiet.WARNINGS:
         warnings.filterwarnings("ignore", message=pattern)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -51,18 +51,18 @@ def _eager_quiet_warnings() -> None:
     name = "_scripted_functional_optimizer_deprecation_warning"
     for modname, mod in list(sys.modules.items()):
         if modname.startswith("torch.distributed.optim") and hasattr(mod, name):
-            setattr(mod, name, rpc_hooks._no_warning)
+            setattr(mod, name, lambda stacklevel=0: None)
 
 
 def _apply_notebook(variant: str) -> None:
     import subprocess as _sp
 
-    from nbdist.patches import rpc_hooks
+    from nbdist.patches import quiet
     from nbdist.proc import launch
 
     os.environ[ENV] = variant
     if variant.startswith("optim-"):
-        rpc_hooks.quiet_warnings = _eager_quiet_warnings
+        quiet.hide_warnings = _eager_quiet_warnings
     if variant == "as-is":
         return
     real = _sp.Popen
@@ -82,7 +82,7 @@ def _apply_notebook(variant: str) -> None:
 def _template(fd: int, runtime_dir: str) -> None:
     import gc
 
-    from nbdist.patches import rpc_hooks
+    from nbdist.patches import quiet
     from nbdist.proc import template
 
     variant = os.environ.get(ENV, "as-is")
@@ -93,7 +93,7 @@ def _template(fd: int, runtime_dir: str) -> None:
         if variant == "optim-in-template":
             _eager_quiet_warnings()  # imported once here; forked workers inherit it
         elif variant == "optim-in-workers":
-            rpc_hooks.quiet_warnings = _eager_quiet_warnings  # each worker imports it
+            quiet.hide_warnings = _eager_quiet_warnings  # each worker imports it
         elif variant == "gc-freeze":
             gc.collect()
             gc.freeze()

@@ -221,17 +221,7 @@ class _LineReader:
 
 
 # ----------------------------------------------------------------------------- measuring
-def _tree_cpu() -> float:
-    """CPU seconds used so far by this process and all its descendants (reaped ones too)."""
-    me = psutil.Process()
-    total = 0.0
-    for p in [me, *me.children(recursive=True)]:
-        try:
-            t = p.cpu_times()
-        except psutil.Error:
-            continue
-        total += t.user + t.system + t.children_user + t.children_system
-    return total
+_tree_cpu = _common.tree_cpu
 
 
 class Bench:

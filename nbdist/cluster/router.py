@@ -34,7 +34,10 @@ CELL_BYTES = int(float(os.environ.get("NBDIST_CELL_OUTPUT_MB", "5")) * 2**20)
 
 
 def in_jupyter() -> bool:
-    """Whether this process is a Jupyter kernel (display handles reach a frontend)."""
+    """Whether this process is a Jupyter kernel (display handles reach a frontend; not a
+    terminal IPython, not a plain script)."""
+    if "ipykernel" not in sys.modules:  # cheap, and IPython is not imported for nothing
+        return False
     try:
         from IPython import get_ipython
     except ImportError:

@@ -31,6 +31,7 @@ from ..proc.launch import Template
 from ..proc.netif import Interface
 from ..proc.runtime import runtime_dir
 from ..spec import WorldSpec
+from .router import in_jupyter
 
 __all__ = ["PREWARM_ENV", "SESSION", "Session", "prewarm_enabled"]
 
@@ -147,17 +148,5 @@ def _import_rpc() -> None:
         pass
 
 
-def _in_kernel() -> bool:
-    """True inside a Jupyter kernel (not a terminal IPython, not a plain script)."""
-    if "ipykernel" not in sys.modules:
-        return False
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return False
-    shell = get_ipython()
-    return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
-
-
-if _in_kernel():
+if in_jupyter():
     SESSION.prewarm()

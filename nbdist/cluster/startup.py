@@ -189,7 +189,7 @@ class Rank0:
         thread_states.install()
         rpc_hooks.install_callee()
         rpc_hooks.install_caller()
-        rpc_hooks.quiet_warnings()
+        quiet.hide_warnings()
         tracing.install(0, self.names[0])
         if not tp_address.pin(self.address) and tp_address.current() not in (None,
                                                                                self.address):

@@ -8,7 +8,6 @@
   function returned, and no interrupt meant for one RPC reaches the next one its thread runs.
 - ``reset_world_state`` clears the per-process counters that make a second ``init_rpc`` in one
   process hang (see anchors: ``_init_counter`` and the ``_all_gather`` sequence ids).
-- ``quiet_warnings`` hides torch's per-rank deprecation noise, nothing else.
 
 These touch private torch names; ``tests/test_torch_pins.py`` fails loudly if a torch upgrade
 moves them.
@@ -18,14 +17,11 @@ from __future__ import annotations
 
 import collections
 import ctypes
-import importlib.abc
-import importlib.machinery
 import re
 import sys
 import threading
 import time
 import traceback
-import warnings
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -39,7 +35,6 @@ __all__ = [
     "install_caller",
     "interrupt_rpc_threads",
     "last_failed_destination",
-    "quiet_warnings",
     "reset_world_state",
     "set_on_failure",
     "wait_future",
@@ -56,63 +51,6 @@ _on_failure: Callable[[BaseException, Any], None] | None = None
 _last_failed: Any = None  # destination of the last rpc_sync that raised
 _caller_installed = False
 _callee_installed = False
-
-NOISE = (
-    r".*ProcessGroupGloo.*",
-    r".*TorchScript.*deprecat.*",
-    r".*torch\.jit\..*deprecat.*",
-    r".*`torch\.jit\.script` is deprecated.*",
-)
-
-
-def quiet_warnings() -> None:
-    """Ignore torch's known per-rank deprecation warnings (user warnings still show).
-
-    The functional optimizers behind ``DistributedOptimizer`` warn inside their own
-    ``catch_warnings(); simplefilter("always")``, which no filter can reach, so that one
-    warning function is replaced by a no-op: at once if torch.distributed.optim is loaded,
-    otherwise when it is (importing it costs about a second, so nbdist does not).
-    """
-    for pattern in NOISE:
-        warnings.filterwarnings("ignore", message=pattern)
-    if _DEPRECATION_MODULE in sys.modules:
-        _silence_optimizer_warning()
-    elif not any(isinstance(f, _PatchOnImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _PatchOnImport())
-
-
-_DEPRECATION_MODULE = "torch.distributed.optim._deprecation_warning"
-_DEPRECATION_FUNC = "_scripted_functional_optimizer_deprecation_warning"
-
-
-def _no_warning(stacklevel: int = 0) -> None:
-    """Stands in for torch's TorchScript deprecation warning in the functional optimizers."""
-
-
-def _silence_optimizer_warning() -> None:
-    for modname, mod in list(sys.modules.items()):
-        if modname.startswith("torch.distributed.optim") and hasattr(mod, _DEPRECATION_FUNC):
-            setattr(mod, _DEPRECATION_FUNC, _no_warning)
-
-
-class _PatchOnImport(importlib.abc.MetaPathFinder):
-    """Replaces the deprecation function as its module loads, before anyone imports it."""
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname != _DEPRECATION_MODULE:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None or spec.loader is None:
-            return spec
-        run = spec.loader.exec_module
-
-        def exec_module(module: Any) -> None:
-            run(module)
-            setattr(module, _DEPRECATION_FUNC, _no_warning)
-
-        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
-        return spec
-
 
 class WorldHooks(Protocol):
     """What rank 0's RPC calls ask of the world they run in (``dest``: a rank, name or
