@@ -341,7 +341,7 @@ def _fill(per_rank: int) -> None:
         for b in range(0, per_rank, 20_000):
             rows = [(i, time.time(), {"reward": random.random()})
                     for i in range(b, min(b + 20_000, per_rank))]
-            records._deliver((r, f"worker{r}", rows, []))
+            records.deliver((r, f"worker{r}", rows, []))
 
 
 def bench_redraw(per_rank: int = 250_000, reps: int = 9) -> dict:
@@ -356,7 +356,7 @@ def bench_redraw(per_rank: int = 250_000, reps: int = 9) -> dict:
     d.refresh(force=True)
     wall, cpu = [], []
     for k in range(reps):
-        records._deliver((1, "worker1", [(per_rank + k, time.time(), {"reward": 0.5})], []))
+        records.deliver((1, "worker1", [(per_rank + k, time.time(), {"reward": 0.5})], []))
         w0, c0 = time.perf_counter(), time.thread_time()
         d.refresh()
         cpu.append(time.thread_time() - c0)

@@ -175,7 +175,7 @@ class Receiver:
         if isinstance(msg, Output):
             self.router.feed(info.rank, info.name, msg.stream, msg.text)
         elif isinstance(msg, Metrics):
-            records._deliver(msg.batch)
+            records.deliver(msg.batch)
         elif isinstance(msg, Result):
             self.router.flush(info.rank)
             self.cells.deliver(msg)

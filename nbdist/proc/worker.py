@@ -99,7 +99,7 @@ def run_forked(cfg: dict) -> None:
         _join_world(cfg)
         from ..telemetry import records, tracing
 
-        records._start_worker_flusher(_metrics_outbox, _rank, cfg["name"])
+        records.start_worker_flusher(_metrics_outbox, _rank, cfg["name"])
         tracing.arm(_rank, cfg["name"])
         _channel.send(Ready(_rank, os.getpid()))
         _serve(main.__dict__)

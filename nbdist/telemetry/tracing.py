@@ -437,7 +437,7 @@ def _fold() -> None:
 
     A worker's flusher ships its calls every 50 ms instead (``_ship``).
     """
-    if not records._worker:
+    if not records.is_worker():
         _drain_local()
 
 
