@@ -45,9 +45,13 @@ test: $(STAMP) browser
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow and not browser"
 
+# Rewrites every file in bench/results, each naming the commit it measured (-dirty: with
+# uncommitted changes). tests/test_bench_smoke.py runs each script with --smoke in `make test`.
 bench: $(STAMP)
 	$(BIN)/python bench/startup.py
+	$(BIN)/python bench/_startup_whatif.py
 	$(BIN)/python bench/rpc.py
+	$(BIN)/python bench/rpc.py --unpinned
 	$(BIN)/python bench/batching.py
 	$(BIN)/python bench/metrics.py
 	$(BIN)/python bench/multihost.py

@@ -35,18 +35,10 @@ def _emit(kind: str, payload: object) -> None:
 
 
 def _tree_cpu() -> float:
-    """CPU seconds (user + system) used so far by this process and all its descendants."""
-    import psutil
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import _common
 
-    me = psutil.Process()
-    total = 0.0
-    for p in [me, *me.children(recursive=True)]:
-        try:
-            t = p.cpu_times()
-        except psutil.Error:
-            continue
-        total += t.user + t.system + t.children_user + t.children_system
-    return total
+    return _common.tree_cpu()
 
 
 # ----------------------------------------------------------------------------- nbdist

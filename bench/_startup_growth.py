@@ -49,14 +49,15 @@ print("RESULT " + json.dumps({"start_s": start, "template_rss": rss}), flush=Tru
 
 
 def first_start(reps: int, pause: float = 1.0, later: float = 5.0,
-                timeout: float = 180.0) -> dict:
+                timeout: float = 180.0,
+                modes: tuple[str, ...] = ("prewarm", "no_prewarm", "prewarm_later")) -> dict:
     """``%dist_start 4`` ``pause`` seconds after ``%load_ext nbdist``, prewarm on vs off, and
     with prewarm ``later`` seconds after (torch's import in the template is over by then)."""
     out: dict[str, list] = {"prewarm": [], "no_prewarm": [], "prewarm_later": [],
                             "template_rss_mb": []}
-    modes = ("prewarm", "no_prewarm", "prewarm_later")
     for rep in range(reps):
-        for mode in modes[rep % 3:] + modes[:rep % 3]:
+        k = rep % len(modes)
+        for mode in modes[k:] + modes[:k]:
             env = dict(os.environ, NBDIST_PREWARM="0" if mode == "no_prewarm" else "1")
             wait = later if mode == "prewarm_later" else pause
             proc = subprocess.run([sys.executable, "-c", FIRST_START_CHILD, str(wait)],
@@ -130,7 +131,7 @@ def fit(points: dict[int, float]) -> dict:
     return {"a": a, "b": b, "at_64": a * 64 ** b, "ns": list(points)}
 
 
-def plot(res: dict, path: Path, cores: int) -> None:
+def plot(res: dict, path: Path, cores: int, commit: str = "unknown") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -152,13 +153,14 @@ def plot(res: dict, path: Path, cores: int) -> None:
         ax.legend(fontsize=8)
         ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=100, metadata={"Description": f"nbdist bench at {commit}"})
     plt.close(fig)
 
 
 def render(res: dict) -> str:
     cores = res["cores"]
     lines = ["# Start-up: growth with N, and the warm first start", "",
+             f"nbdist at {res.get('commit', '?')}; "
              f"{cores} cores, load {res['load']:.1f} at start. N = 8 and 16 are "
              f"oversubscribed here ({cores} cores): their times include waiting for a core.", "",
              "Restart: best of the restarts; `%%dist`: best median of blocks of 10 "
@@ -198,21 +200,30 @@ def render(res: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run_and_write(out: Path, quick: bool) -> dict:
-    """Growth and first start; writes startup_growth.{json,md,png} under ``out``."""
-    ns = [1, 2, 4, 8, 16]
+def run_and_write(out: Path, quick: bool, smoke: bool = False,
+                  commit: str = "unknown") -> dict:
+    """Growth and first start; writes startup_growth.{json,md,png} under ``out``.
+
+    ``smoke``: N = 1 and 2, one restart, ten cells, one first start with prewarm.
+    """
+    ns = [1, 2] if smoke else [1, 2, 4, 8, 16]
     cores = os.cpu_count() or 1
-    res: dict[str, Any] = {"cores": cores, "load": os.getloadavg()[0], "quick": quick}
-    g = growth(ns, restarts=3 if quick else 5, cells=30 if quick else 100)
+    res: dict[str, Any] = {"commit": commit, "cores": cores, "load": os.getloadavg()[0],
+                           "quick": quick, "smoke": smoke}
+    g = growth(ns, restarts=1 if smoke else 3 if quick else 5,
+               cells=10 if smoke else 30 if quick else 100)
     g["fits"] = {}
     for key in ("restart_s", "cell_ms"):
         pts = g[key]
         within = {n: v for n, v in pts.items() if n <= max(cores, 2) * 2}
         g["fits"][key] = {"within_cores": fit(within), "all": fit(pts)}
     res["growth"] = g
-    res["first_start"] = first_start(reps=3 if quick else 6)
+    if smoke:
+        res["first_start"] = first_start(reps=1, pause=0.2, modes=("prewarm",))
+    else:
+        res["first_start"] = first_start(reps=3 if quick else 6)
     out.mkdir(parents=True, exist_ok=True)
-    plot(g, out / "startup_growth.png", cores)
+    plot(g, out / "startup_growth.png", cores, commit)
     (out / "startup_growth.json").write_text(json.dumps(res, indent=1, default=str) + "\n")
     md = render(res)
     (out / "startup_growth.md").write_text(md)

@@ -7,16 +7,19 @@
 order the phases happen:
 
 - ``stop``: the previous world ends (a restart only): ``Cluster.stop``, of which ``stop_rpc``
-  is rank 0's ``rpc.shutdown(graceful=False)``;
+  is rank 0's ``rpc.shutdown(graceful=False)`` (``Rank0.leave``);
 - ``template``: ``Template.ensure_started`` until ``Template.wait_ready`` returns (the warm
   template imports torch; ~0 when it is already warm), plus the notebook's own
   ``import torch.distributed.rpc`` and the control socket;
 - ``fork``: ``Template.spawn``, the template forks one worker per rank;
-- ``connect``: ``Cluster._accept_all``, every worker connected to the control socket;
-- ``init_rpc``: ``Cluster._join_as_rank0``, rank 0's ``init_rpc``, which returns once every
-  rank has joined the rendezvous;
-- ``ready``: ``Cluster._wait_ready``, every worker reported ready (after its own ``init_rpc``);
-- ``ping``: ``Cluster._ping_all``, one ``rpc_async`` answered by every worker.
+- ``connect``: ``StartWatch.accept_all``, every worker connected to the control socket;
+- ``init_rpc``: ``Rank0.join``, rank 0's ``init_rpc``, which returns once every rank has
+  joined the rendezvous;
+- ``ready``: ``StartWatch.wait_ready``, every worker reported ready (after its own
+  ``init_rpc``);
+- ``ping``: ``StartWatch.ping_all``, one ``rpc_async`` answered by every worker.
+
+A name here that nbdist no longer has fails ``install()`` at once (``--smoke`` runs it).
 """
 
 from __future__ import annotations
@@ -34,13 +37,13 @@ PHASES = ("stop", "stop_rpc", "template", "fork", "connect", "init_rpc", "ready"
 
 _WRAPPED = {
     ("cluster.core", "Cluster", "stop"): "stop",
-    ("cluster.core", "Cluster", "_shutdown_rank0"): "stop_rpc",
+    ("cluster.startup", "Rank0", "leave"): "stop_rpc",
     ("cluster.core", "Cluster", "_start"): "start",
     ("proc.launch", "Template", "spawn"): "fork",
-    ("cluster.core", "Cluster", "_accept_all"): "connect",
-    ("cluster.core", "Cluster", "_join_as_rank0"): "init_rpc",
-    ("cluster.core", "Cluster", "_wait_ready"): "ready",
-    ("cluster.core", "Cluster", "_ping_all"): "ping",
+    ("cluster.startup", "StartWatch", "accept_all"): "connect",
+    ("cluster.startup", "Rank0", "join"): "init_rpc",
+    ("cluster.startup", "StartWatch", "wait_ready"): "ready",
+    ("cluster.startup", "StartWatch", "ping_all"): "ping",
 }
 _installed = False
 

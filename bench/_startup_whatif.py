@@ -9,14 +9,16 @@ outside, by starting the template through this file and by replacing one functio
 - ``as-is``: nbdist as it is (since 88ee4d7 nobody imports ``torch.distributed.optim`` at
   start-up; an import hook silences its warning if a user imports it).
 - ``optim-in-workers``: as before d3256c8: rank 0 and every forked worker import
-  ``torch.distributed.optim`` (~1.5 CPU s each) in ``rpc_hooks.quiet_warnings``.
+  ``torch.distributed.optim`` (~1.5 CPU s each) in ``quiet.hide_warnings``.
 - ``optim-in-template``: as between d3256c8 and 88ee4d7: the template imports it once before
   forking (workers inherit it), rank 0 imports it too.
 - ``gc-freeze``: as-is, and the template calls ``gc.collect(); gc.freeze()`` before forking, so
   a worker's garbage collections do not touch (copy-on-write) the template's objects.
 
 Prints a table of medians (seconds and CPU seconds) and writes ``bench/results/
-startup_whatif.json``. Cleans up like ``startup.py``; exits non-zero on any error.
+startup_whatif.json`` (naming the commit measured). Cleans up like ``startup.py``; exits
+non-zero on any error. ``--smoke``: ``optim-in-template`` once (both shims), one worker, a
+temporary directory.
 """
 
 from __future__ import annotations
@@ -36,12 +38,12 @@ ENV = "NBDIST_BENCH_WHATIF"
 
 
 def _eager_quiet_warnings() -> None:
-    """``rpc_hooks.quiet_warnings`` as it was before 88ee4d7: imports torch.distributed.optim."""
+    """``quiet.hide_warnings`` as it was before 88ee4d7: imports torch.distributed.optim."""
     import warnings
 
-    from nbdist.patches import rpc_hooks
+    from nbdist.patches import quiet
 
-    for pattern in rpc_hooks.NOISE:
+    for pattern in quiet.WARNINGS:
         warnings.filterwarnings("ignore", message=pattern)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -49,18 +51,18 @@ def _eager_quiet_warnings() -> None:
     name = "_scripted_functional_optimizer_deprecation_warning"
     for modname, mod in list(sys.modules.items()):
         if modname.startswith("torch.distributed.optim") and hasattr(mod, name):
-            setattr(mod, name, rpc_hooks._no_warning)
+            setattr(mod, name, lambda stacklevel=0: None)
 
 
 def _apply_notebook(variant: str) -> None:
     import subprocess as _sp
 
-    from nbdist.patches import rpc_hooks
+    from nbdist.patches import quiet
     from nbdist.proc import launch
 
     os.environ[ENV] = variant
     if variant.startswith("optim-"):
-        rpc_hooks.quiet_warnings = _eager_quiet_warnings
+        quiet.hide_warnings = _eager_quiet_warnings
     if variant == "as-is":
         return
     real = _sp.Popen
@@ -80,23 +82,23 @@ def _apply_notebook(variant: str) -> None:
 def _template(fd: int, runtime_dir: str) -> None:
     import gc
 
-    from nbdist.patches import rpc_hooks
+    from nbdist.patches import quiet
     from nbdist.proc import template
 
     variant = os.environ.get(ENV, "as-is")
-    preload = template._preload
+    preload = template.preload
 
     def _preload() -> None:
         preload()
         if variant == "optim-in-template":
             _eager_quiet_warnings()  # imported once here; forked workers inherit it
         elif variant == "optim-in-workers":
-            rpc_hooks.quiet_warnings = _eager_quiet_warnings  # each worker imports it
+            quiet.hide_warnings = _eager_quiet_warnings  # each worker imports it
         elif variant == "gc-freeze":
             gc.collect()
             gc.freeze()
 
-    template._preload = _preload
+    template.preload = _preload
     template.main(fd, runtime_dir)
 
 
@@ -148,9 +150,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--restarts", type=int, default=3)
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
     ap.add_argument("--timeout", type=float, default=600.0)
-    args = ap.parse_args(argv)
-
     sys.path.insert(0, str(HERE))
+    import _common
+
+    _common.add_arguments(ap)
+    args = ap.parse_args(argv)
+    if args.smoke:  # both shims (the template's, rank 0's warnings) once, one worker
+        args.n, args.rounds, args.restarts = 1, 1, 1
+        args.variants = ["optim-in-template"]
+    out_dir = _common.out_dir(args)
+
     import shutil
     import tempfile
 
@@ -158,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
 
     _become_subreaper()
     version = _nbdist_version()
+    commit = _common.measured_commit()
     cwd, tmp = os.getcwd(), Path(tempfile.mkdtemp(prefix="nbdist-bench-whatif-"))
     _snapshot(tmp / "src")  # one version of nbdist for every variant, however long this takes
     os.environ.setdefault("NBDIST_TEMPLATE_IDLE", "600")
@@ -205,8 +215,9 @@ def main(argv: list[str] | None = None) -> int:
         summary[v] = s
         print(f"{v:18} {s['cold']:7.2f} {s['cold_cpu']:8.2f} {s['restart']:9.2f} "
               f"{s['restart_cpu']:11.2f}")
-    out = HERE / "results" / "startup_whatif.json"
-    out.write_text(json.dumps({"n": args.n, "nbdist": version, "load_start": load0,
+    out = out_dir / "startup_whatif.json"
+    out.write_text(json.dumps({"commit": commit, "n": args.n, "nbdist": version,
+                               "smoke": args.smoke, "load_start": load0,
                                "load_end": os.getloadavg()[0], "summary": summary, "runs": rows,
                                "leftovers": leftovers}, indent=1) + "\n")
     print(f"wrote {out}")

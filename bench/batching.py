@@ -9,9 +9,10 @@ short warm-up episode (see ``nbdist.tutorials.batching.run_config``). The best r
 other load on a shared machine only ever adds time (the CSV also keeps the median and the
 worst).
 
-Writes ``bench/results/batching.csv`` (one row per observer count and mode) and
-``bench/results/batching.png`` (our bars next to the tutorial's published GPU figure), then
-prints the speed-up (unbatched time / batched time) at the largest observer count.
+Writes ``bench/results/batching.csv`` (one row per observer count and mode, with the commit
+measured) and ``bench/results/batching.png`` (our bars next to the tutorial's published GPU
+figure), then prints the speed-up (unbatched time / batched time) at the largest observer
+count. ``--smoke``: 1 and 2 observers, one short episode, results to a temporary directory.
 """
 
 from __future__ import annotations
@@ -32,9 +33,10 @@ import torch  # noqa: E402
 import nbdist  # noqa: E402
 from nbdist.tutorials import batching  # noqa: E402
 
-__all__ = ["TUTORIAL", "main", "measure", "plot"]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common  # noqa: E402
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
+__all__ = ["TUTORIAL", "main", "measure", "plot"]
 
 #: The tutorial's figure (batch.png): seconds for 10 episodes of 500 steps, GPU agent, whole
 #: processes timed (spawn + init_rpc + shutdown included), by observer count 1..10.
@@ -45,7 +47,7 @@ TUTORIAL = {
 
 
 def measure(counts: list[int], episodes: int, steps: int, repeats: int,
-            seed: int) -> list[dict]:
+            seed: int, commit: str = "unknown") -> list[dict]:
     """Time every (observer count, mode); one summary row each, also kept in RESULTS."""
     rows = []
     cluster = None
@@ -69,7 +71,7 @@ def measure(counts: list[int], episodes: int, steps: int, repeats: int,
                     n, mode, round(min(ts), 4), median_seconds=round(statistics.median(ts), 4),
                     max_seconds=round(max(ts), 4), repeats=repeats, episodes=episodes,
                     steps=steps, world_start_seconds=round(start_s, 3),
-                    load_avg_1m=round(os.getloadavg()[0], 2)))
+                    load_avg_1m=round(os.getloadavg()[0], 2), commit=commit))
             last = batching.table(rows)[-1]
             print(f"{n} observers: batched {last['batched s']:.2f}s, unbatched "
                   f"{last['unbatched s']:.2f}s, speed-up {last['speed-up']:.2f}x "
@@ -80,7 +82,8 @@ def measure(counts: list[int], episodes: int, steps: int, repeats: int,
     return rows
 
 
-def plot(rows: list[dict], path: Path, episodes: int, steps: int) -> None:
+def plot(rows: list[dict], path: Path, episodes: int, steps: int,
+         commit: str = "unknown") -> None:
     """Our bars (left) and the tutorial's published GPU bars (right) in one PNG."""
     fig, (ours, theirs) = plt.subplots(1, 2, figsize=(11, 3.8))
     batching.plot_results(ours, rows, title=f"this machine, CPU: {episodes} episodes x "
@@ -90,7 +93,7 @@ def plot(rows: list[dict], path: Path, episodes: int, steps: int) -> None:
     batching.plot_results(theirs, published,
                           title="tutorial figure, GPU: 10 episodes x 500 steps, with start-up")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, metadata=_common.png_metadata(commit))
     plt.close(fig)
 
 
@@ -119,16 +122,19 @@ def main(argv: list[str] | None = None) -> int:
                     help="steps per observer per episode (the tutorial uses 500)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--seed", type=int, default=543)
-    ap.add_argument("--out", type=Path, default=RESULTS_DIR)
+    _common.add_arguments(ap)
     args = ap.parse_args(argv)
+    if args.smoke:
+        args.observers, args.episodes, args.steps, args.repeats = [1, 2], 1, 5, 1
 
     torch.set_num_threads(1)  # rank 0 is one of many processes on few cores
-    args.out.mkdir(parents=True, exist_ok=True)
+    out = _common.out_dir(args)
+    commit = _common.measured_commit()
     t0 = time.perf_counter()
-    rows = measure(args.observers, args.episodes, args.steps, args.repeats, args.seed)
-    csv_path = batching.write_csv(rows, str(args.out / "batching.csv"))
-    png_path = args.out / "batching.png"
-    plot(rows, png_path, args.episodes, args.steps)
+    rows = measure(args.observers, args.episodes, args.steps, args.repeats, args.seed, commit)
+    csv_path = batching.write_csv(rows, str(out / "batching.csv"))
+    png_path = out / "batching.png"
+    plot(rows, png_path, args.episodes, args.steps, commit)
 
     print()
     print(f"{'observers':>9}  {'batched s':>9}  {'unbatched s':>11}  {'speed-up':>8}")

@@ -24,7 +24,8 @@
    points; wall and CPU milliseconds of ``refresh()`` after one new record (the metrics panel
    redrawn from the bounded envelopes), and of the whole picture.
 
-Writes ``bench/results/metrics.json`` and ``bench/results/metrics.md`` and prints them.
+Writes ``bench/results/metrics.json`` and ``bench/results/metrics.md`` (naming the commit
+measured) and prints them. ``--smoke``: 2 workers, tiny counts, a temporary directory.
 ``--only memory,redraw`` runs just those parts and updates the saved results.
 Every process it starts is stopped at the end.
 """
@@ -54,12 +55,12 @@ import nbdist
 from nbdist.telemetry import records, tracing
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common  # noqa: E402
 from _echo import echo  # noqa: E402
 
 __all__ = ["bench_draw", "bench_memory", "bench_redraw", "bench_rpc", "bench_slowdown",
            "bench_stream", "main"]
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
 HERE = Path(__file__).resolve().parent
 
 SLOW_SETUP = """
@@ -315,10 +316,10 @@ def _rss() -> int:
     return psutil.Process().memory_info().rss
 
 
-def bench_memory(per_rank: int = 250_000) -> dict:
-    """Notebook RSS growth for 4 ranks x ``per_rank`` records of one float each."""
+def bench_memory(per_rank: int = 250_000, workers: int = 4) -> dict:
+    """Notebook RSS growth for ``workers`` ranks x ``per_rank`` records of one float each."""
     nbdist.clear_history()
-    c = nbdist.start(4, quiet=True)
+    c = nbdist.start(workers, quiet=True)
     try:
         before = _rss()
         t0 = time.perf_counter()
@@ -340,7 +341,7 @@ def _fill(per_rank: int) -> None:
         for b in range(0, per_rank, 20_000):
             rows = [(i, time.time(), {"reward": random.random()})
                     for i in range(b, min(b + 20_000, per_rank))]
-            records._deliver((r, f"worker{r}", rows, []))
+            records.deliver((r, f"worker{r}", rows, []))
 
 
 def bench_redraw(per_rank: int = 250_000, reps: int = 9) -> dict:
@@ -355,7 +356,7 @@ def bench_redraw(per_rank: int = 250_000, reps: int = 9) -> dict:
     d.refresh(force=True)
     wall, cpu = [], []
     for k in range(reps):
-        records._deliver((1, "worker1", [(per_rank + k, time.time(), {"reward": 0.5})], []))
+        records.deliver((1, "worker1", [(per_rank + k, time.time(), {"reward": 0.5})], []))
         w0, c0 = time.perf_counter(), time.thread_time()
         d.refresh()
         cpu.append(time.thread_time() - c0)
@@ -409,7 +410,8 @@ def _markdown(res: dict) -> str:
     lines = [
         "# Metrics stream and RPC tracing (bench/metrics.py)", "",
         f"{res['when']} · {res['cores']} cores · load average (1m) {res['load_start']} at start,"
-        f" {res['load_end']} at end · torch {res['torch']} · Python {res['python']}", "",
+        f" {res['load_end']} at end · torch {res['torch']} · Python {res['python']}"
+        f" · nbdist at {res.get('commit', '?')}", "",
         "## Stream: 4 ranks logging as fast as they can", "",
         "| ranks x records | end-to-end records/s | wall time per log in the loop (4 ranks "
         "sharing 2 cores) | all arrived in order |",
@@ -468,19 +470,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--blocks", type=int, default=None)
     ap.add_argument("--only", default=None, help="comma-separated parts: memory, redraw "
                     "(updates the saved results)")
+    _common.add_arguments(ap)
     args = ap.parse_args(argv)
+    out = _common.out_dir(args)
     if args.only:
-        return _run_only(args.only.split(","))
-    q = args.quick
-    records = args.records or (5000 if q else 20000)
-    steps = args.steps or 1000
-    reps = args.reps or (10 if q else 40)
-    calls = args.calls or (100 if q else 150)
-    blocks = args.blocks or (12 if q else 48)
+        return _run_only(args.only.split(","), out)
+    q, smoke = args.quick, args.smoke
+    records = args.records or (50 if smoke else 5000 if q else 20000)
+    steps = args.steps or (20 if smoke else 1000)
+    reps = args.reps or (2 if smoke else 10 if q else 40)
+    calls = args.calls or (5 if smoke else 100 if q else 150)
+    blocks = args.blocks or (2 if smoke else 12 if q else 48)
     res: dict = {"when": datetime.datetime.now(datetime.timezone.utc).isoformat(
-        timespec="seconds"), "cores": os.cpu_count(), "torch": torch.__version__,
-        "python": platform.python_version(), "load_start": round(os.getloadavg()[0], 1)}
-    c = nbdist.start(4, quiet=True)
+        timespec="seconds"), "commit": _common.measured_commit(), "cores": os.cpu_count(),
+        "torch": torch.__version__, "python": platform.python_version(),
+        "load_start": round(os.getloadavg()[0], 1), "smoke": smoke}
+    c = nbdist.start(2 if smoke else 4, quiet=True)
     try:
         res["stream"] = bench_stream(c, records)
         print("stream:", res["stream"], flush=True)
@@ -497,25 +502,29 @@ def main(argv: list[str] | None = None) -> int:
         print("rpc:", res["rpc"], flush=True)
     finally:
         c.stop()
-    res["draw_ms"] = bench_draw()
-    res["memory"] = bench_memory()
-    res["redraw"] = bench_redraw()
+    if smoke:
+        res["draw_ms"] = bench_draw(reps=1)
+        res["memory"] = bench_memory(per_rank=500, workers=2)
+        res["redraw"] = bench_redraw(per_rank=1000, reps=2)
+    else:
+        res["draw_ms"] = bench_draw()
+        res["memory"] = bench_memory()
+        res["redraw"] = bench_redraw()
     res["load_end"] = round(os.getloadavg()[0], 1)
-    _save(res)
+    _save(res, out)
     return 0
 
 
-def _save(res: dict) -> None:
-    RESULTS_DIR.mkdir(exist_ok=True)
-    (RESULTS_DIR / "metrics.json").write_text(json.dumps(res, indent=2) + "\n")
+def _save(res: dict, out: Path) -> None:
+    (out / "metrics.json").write_text(json.dumps(res, indent=2) + "\n")
     md = _markdown(res)
-    (RESULTS_DIR / "metrics.md").write_text(md)
+    (out / "metrics.md").write_text(md)
     print(md)
 
 
-def _run_only(parts: list[str]) -> int:
+def _run_only(parts: list[str], out: Path) -> int:
     """Run some parts and merge them into the saved results."""
-    res = json.loads((RESULTS_DIR / "metrics.json").read_text())
+    res = json.loads((out / "metrics.json").read_text())
     runners = {"memory": bench_memory, "redraw": bench_redraw}
     for part in parts:
         if part not in runners:
@@ -525,7 +534,8 @@ def _run_only(parts: list[str]) -> int:
     res[f"{'_'.join(parts)}_when"] = datetime.datetime.now(datetime.timezone.utc).isoformat(
         timespec="seconds")
     res[f"{'_'.join(parts)}_load"] = round(os.getloadavg()[0], 1)
-    _save(res)
+    res["commit"] = _common.measured_commit()
+    _save(res, out)
     return 0
 
 

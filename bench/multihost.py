@@ -14,7 +14,8 @@ Measured in one run, the same world size (rank 0 + 4 workers) both ways:
 - **rpc_sync round trip**, 16 B and 1 MB float32 tensors echoed, from rank 0 to a local
   worker and to a rank on another (fake) host; median, p10, p90 of ``--rounds`` calls.
 
-Writes ``bench/results/multihost.json`` and ``multihost.md``.
+Writes ``bench/results/multihost.json`` and ``multihost.md``, naming the commit measured.
+``--smoke``: one rank per host, a few calls, results to a temporary directory.
 """
 
 from __future__ import annotations
@@ -33,11 +34,12 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 from fakehosts import FakeHosts, can_make_namespaces  # noqa: E402
 
+sys.path.insert(0, str(HERE))
+import _common  # noqa: E402
+
 import nbdist  # noqa: E402
 
 __all__ = ["main"]
-
-RESULTS = HERE / "results"
 
 
 def echo(x: Any) -> Any:
@@ -47,7 +49,7 @@ def echo(x: Any) -> Any:
 def _rtt(dest: str, payload: Any, rounds: int) -> dict:
     import torch.distributed.rpc as rpc
 
-    for _ in range(20):
+    for _ in range(min(rounds, 20)):
         rpc.rpc_sync(dest, echo, args=(payload,))
     times = []
     for _ in range(rounds):
@@ -59,26 +61,30 @@ def _rtt(dest: str, payload: Any, rounds: int) -> dict:
             "p90_ms": times[len(times) * 9 // 10]}
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=300)
-    ap.add_argument("--out", type=Path, default=RESULTS)
-    args = ap.parse_args()
+    _common.add_arguments(ap)
+    args = ap.parse_args(argv)
     why = can_make_namespaces()
     if why is not None:
         print(f"bench/multihost.py skipped: fake hosts need network namespaces ({why})")
         return 0
     import torch
 
+    per_host = 1 if args.smoke else 2
+    rounds = 5 if args.smoke else args.rounds
+    out = _common.out_dir(args)
     payloads = {"16 B": torch.zeros(4), "1 MB": torch.zeros(256 * 1024)}
     res: dict = {"when": datetime.datetime.now().isoformat(timespec="seconds"),
+                 "commit": _common.measured_commit(),
                  "machine": f"{platform.machine()}, {__import__('os').cpu_count()} cores",
-                 "torch": torch.__version__, "rounds": args.rounds, "start_s": {}, "rtt": {}}
+                 "torch": torch.__version__, "rounds": rounds, "start_s": {}, "rtt": {}}
     nbdist.start(1, quiet=True).stop()  # the template warm, as a notebook's first world finds it
     fh = FakeHosts(["a", "b"])
     try:
-        hosts = {fh.ns["a"]: 2, fh.ns["b"]: 2}
-        for label, kw in (("local", {"n": 4}),
+        hosts = {fh.ns["a"]: per_host, fh.ns["b"]: per_host}
+        for label, kw in (("local", {"n": 2 * per_host}),
                           ("hosts", {"n": 0, "hosts": hosts, "iface": fh.address,
                                      "launcher": fh.launcher})):
             t0 = time.perf_counter()
@@ -89,25 +95,25 @@ def main() -> int:
             warm = time.perf_counter() - t0
             res["start_s"][label] = {"cold": cold, "warm": warm}
             for pname, payload in payloads.items():
-                res["rtt"][f"{label} {pname}"] = _rtt(c.names[1], payload, args.rounds)
+                res["rtt"][f"{label} {pname}"] = _rtt(c.names[1], payload, rounds)
             c.stop()
     finally:
         nbdist.stop()
         nbdist.release_hosts()
         fh.close()
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "multihost.json").write_text(json.dumps(res, indent=1) + "\n")
+    (out / "multihost.json").write_text(json.dumps(res, indent=1) + "\n")
     lines = [f"# Across (fake) hosts vs local — {res['when']}, {res['machine']}, "
-             f"torch {res['torch']}", "",
-             "| world (rank 0 + 4) | start cold s | start warm (restart) s |", "|---|---|---|"]
+             f"torch {res['torch']}, nbdist at {res['commit']}", "",
+             f"| world (rank 0 + {2 * per_host}) | start cold s | start warm (restart) s |",
+             "|---|---|---|"]
     for label, t in res["start_s"].items():
         lines.append(f"| {label} | {t['cold']:.2f} | {t['warm']:.2f} |")
-    lines += ["", f"rpc_sync echo from rank 0, {args.rounds} calls:", "",
+    lines += ["", f"rpc_sync echo from rank 0, {rounds} calls:", "",
               "| to | median ms | p10 ms | p90 ms |", "|---|---|---|---|"]
     for label, r in res["rtt"].items():
         lines.append(f"| {label} | {r['median_ms']:.3f} | {r['p10_ms']:.3f} | "
                      f"{r['p90_ms']:.3f} |")
-    (args.out / "multihost.md").write_text("\n".join(lines) + "\n")
+    (out / "multihost.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
 

@@ -20,7 +20,9 @@ bests (and ipyparallel / plain). Absolute times on a shared 2-core machine are n
 ratios come from interleaved rounds of the same run. For large payloads (16 MB, 64 MB) a
 median swings 0.6-1.8x between runs on this machine, the best of N calls does not: read the
 ratio of bests there. Writes ``bench/results/rpc-torch-<version>-<mode>.json`` and renders
-``rpc.md`` from every such file: one table per torch version (and mode) measured.
+``rpc.md`` from every such file: one table per torch version (and mode) measured, each naming
+the commit it measured (``--unpinned``: ``rpc_unpinned.*``). ``--smoke``: two payloads, a few
+calls, no ipyparallel, results to a temporary directory.
 Every process it starts is stopped at the end.
 """
 
@@ -44,14 +46,13 @@ import torch.distributed.rpc as rpc
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+import _common  # noqa: E402
 from _rpc_loops import KINDS, PAYLOADS, measure, tensor  # noqa: E402
 
 import nbdist  # noqa: E402
 from nbdist.patches import thread_states  # noqa: E402
 
 __all__ = ["NbBox", "main", "nb_echo"]
-
-RESULTS = HERE / "results"
 
 
 # Defined here, in __main__, like a notebook cell's function and class: nbdist ships them by
@@ -69,8 +70,10 @@ class NbBox:
         return x
 
 
-def _plan(quick: bool) -> dict[str, tuple[int, int]]:
-    """payload -> (calls per block, async window)."""
+def _plan(quick: bool | str) -> dict[str, tuple[int, int]]:
+    """payload -> (calls per block, async window); ``quick`` may be ``"smoke"``."""
+    if quick == "smoke":
+        return {"16 B": (4, 2), "1 MB": (2, 2)}
     if quick:
         return {"16 B": (300, 16), "64 KB": (150, 16), "1 MB": (40, 8), "16 MB": (6, 2),
                 "64 MB": (2, 2)}
@@ -122,7 +125,7 @@ def _stats(xs: list[float]) -> dict:
             "p90_us": q[-1] * 1e6, "best_us": min(xs) * 1e6, "n": len(xs)}
 
 
-def rpc_rounds(quick: bool, rounds: int) -> dict:
+def rpc_rounds(quick: bool | str, rounds: int) -> dict:
     """plain vs nbdist, every kind and payload, ``rounds`` interleaved rounds."""
     plan = _plan(quick)
     samples: dict[tuple[str, str, str], list[float]] = {}
@@ -166,7 +169,7 @@ def rpc_rounds(quick: bool, rounds: int) -> dict:
     return out
 
 
-def ipp_rounds(quick: bool) -> dict:
+def ipp_rounds(quick: bool | str) -> dict:
     """ipyparallel, one engine on loopback: apply_sync(echo, x) and push + pull of x."""
     import ipyparallel as ipp
 
@@ -211,8 +214,8 @@ def _fmt_us(us: float) -> str:
 def render(res: dict, heading: str = "#") -> str:
     """One run's tables (``heading``: the markdown level of its title)."""
     lines = [f"{heading} torch {res['torch']}, {res['mode']} mode ({res['when']})", "",
-             f"{res['machine']}; torch {res['torch']}; mode {res['mode']}, "
-             f"{res['rounds']} interleaved rounds"
+             f"{res['machine']}; torch {res['torch']}; nbdist at {res.get('commit', '?')}; "
+             f"mode {res['mode']}, {res['rounds']} interleaved rounds"
              + (f"; 1-min load average {res['load_1min']} at the end (2 cores: above 2, "
                 "other jobs shared the machine and large-payload figures are mostly noise)"
                 if "load_1min" in res else "")
@@ -264,9 +267,9 @@ def _version_key(path: Path) -> tuple:
     return tuple(int(x) if x.isdigit() else 0 for x in version.split(".")), path.stem
 
 
-def render_all() -> str:
+def render_all(results: Path = _common.RESULTS) -> str:
     """``rpc.md``: one section per torch version (and mode) that has a result file."""
-    runs = sorted(RESULTS.glob("rpc-torch-*.json"), key=_version_key)
+    runs = sorted(results.glob("rpc-torch-*.json"), key=_version_key)
     lines = ["# RPC: nbdist vs plain torch vs ipyparallel, per torch version", "",
              "One section per `bench/rpc.py` run kept in `bench/results/rpc-torch-*.json` "
              "(`python bench/rpc.py [--quick]` in a venv with that torch: "
@@ -286,36 +289,39 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-ipp", action="store_true", help="skip ipyparallel")
     ap.add_argument("--unpinned", action="store_true",
                     help="nbdist without keeping torch's RPC thread states (the cost before)")
+    _common.add_arguments(ap)
     args = ap.parse_args(argv)
-    rounds = args.rounds or (2 if args.quick else 5)
+    quick: bool | str = "smoke" if args.smoke else args.quick
+    rounds = args.rounds or (1 if args.smoke else 2 if args.quick else 5)
     if args.unpinned:
         os.environ[thread_states.ENV] = "0"
+    out = _common.out_dir(args)
     t0 = time.monotonic()
     res: dict[str, Any] = {
         "when": datetime.datetime.now().isoformat(timespec="seconds"),
+        "commit": _common.measured_commit(),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
-        "torch": torch.__version__, "mode": "quick" if args.quick else "full",
+        "torch": torch.__version__,
+        "mode": "smoke" if args.smoke else "quick" if args.quick else "full",
         "rounds": rounds, "thread_states_kept": not args.unpinned,
     }
-    res["rpc"] = rpc_rounds(args.quick, rounds)
+    res["rpc"] = rpc_rounds(quick, rounds)
     res["load_1min"] = round(os.getloadavg()[0], 1)  # 2 cores: above ~2, others ran too
-    if not args.no_ipp:
+    if not (args.no_ipp or args.smoke):  # ipyparallel's start alone takes longer than a smoke
         try:
-            res["ipyparallel"] = ipp_rounds(args.quick)
+            res["ipyparallel"] = ipp_rounds(quick)
         except Exception as exc:  # noqa: BLE001 - the RPC figures still count
             res["ipyparallel_error"] = repr(exc)
     res["seconds"] = round(time.monotonic() - t0, 1)
-    RESULTS.mkdir(exist_ok=True)
     if args.unpinned:
-        (RESULTS / "rpc_unpinned.json").write_text(json.dumps(res, indent=1))
+        (out / "rpc_unpinned.json").write_text(json.dumps(res, indent=1))
         text = render(res)
-        (RESULTS / "rpc_unpinned.md").write_text(text)
+        (out / "rpc_unpinned.md").write_text(text)
     else:
         version = torch.__version__.split("+")[0]
-        run = RESULTS / f"rpc-torch-{version}-{res['mode']}.json"
-        run.write_text(json.dumps(res, indent=1))
+        (out / f"rpc-torch-{version}-{res['mode']}.json").write_text(json.dumps(res, indent=1))
         text = render(res)
-        (RESULTS / "rpc.md").write_text(render_all())
+        (out / "rpc.md").write_text(render_all(out))
     print(text)
     print(f"{res['seconds']} s")
     return 0

@@ -22,7 +22,11 @@ through an IPython shell, against ipyparallel ``rc[:].execute(block=True)`` and 
 interleaved blocks. Besides wall time, ``cpu`` is the CPU seconds (user + system) that the
 whole process tree spent getting ready: on a shared machine it varies far less than wall time.
 
-Writes ``bench/results/startup.json`` and ``bench/results/startup.md``, prints the table, the
+``--smoke``: N = 1, one of each but ipyparallel, a few cells, growth at N = 1 and 2, results
+in a temporary directory: proves the script runs, in seconds.
+
+Writes ``bench/results/startup.json`` and ``bench/results/startup.md`` (naming the commit
+measured, ``-dirty`` when the sources differed from it), prints the table, the
 ratios and the issue's targets (2 cores, N = 4: cold <= 3 s, restart <= 1 s, ``%%dist`` <= 5 ms
 median, ipyparallel >= 3x slower to ready). Exits non-zero on any error or on a process left
 behind; every process it starts is killed at the end, whatever happened.
@@ -53,10 +57,10 @@ from typing import Any
 import psutil
 
 HERE = Path(__file__).resolve().parent
-RESULTS_DIR = HERE / "results"
 CHILD = HERE / "_startup_child.py"
 sys.path.insert(0, str(HERE))
 
+import _common  # noqa: E402
 import _startup_phases as phases  # noqa: E402
 
 __all__ = ["main"]
@@ -217,17 +221,7 @@ class _LineReader:
 
 
 # ----------------------------------------------------------------------------- measuring
-def _tree_cpu() -> float:
-    """CPU seconds used so far by this process and all its descendants (reaped ones too)."""
-    me = psutil.Process()
-    total = 0.0
-    for p in [me, *me.children(recursive=True)]:
-        try:
-            t = p.cpu_times()
-        except psutil.Error:
-            continue
-        total += t.user + t.system + t.children_user + t.children_system
-    return total
+_tree_cpu = _common.tree_cpu
 
 
 class Bench:
@@ -305,10 +299,11 @@ class Bench:
 
     # -- rounds ------------------------------------------------------------------------------
     def startup_rounds(self) -> None:
+        contenders = tuple(c for c in ROUND if c != "ipyparallel" or not self.args.no_ipp)
         for i, n in enumerate(self.args.workers):
             for rep in range(self.args.reps):
-                k = (rep + i) % len(ROUND)
-                order = ROUND[k:] + ROUND[:k]
+                k = (rep + i) % len(contenders)
+                order = contenders[k:] + contenders[:k]
                 notes = []
                 for name in order:
                     self.loads.append(os.getloadavg()[0])
@@ -335,16 +330,18 @@ class Bench:
             if not res.success:
                 raise BenchError(f"%%dist failed: {res.error_in_exec!r}")
 
+        ipp = not self.args.no_ipp
         err = open(self.logdir / "ipp-serve.stderr", "w")  # noqa: SIM115
         proc = subprocess.Popen([sys.executable, str(CHILD), "ipp-serve", str(n)],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
-                                text=True, env=self.env, start_new_session=True)
+                                text=True, env=self.env, start_new_session=True) if ipp else None
         try:
-            lines = _LineReader(proc.stdout)
-            lines.take("READY", self.args.timeout)
+            lines = _LineReader(proc.stdout) if proc is not None else None
+            if lines is not None:
+                lines.take("READY", self.args.timeout)
 
             def remote(cmd: str, k: int) -> list[float]:
-                assert proc.stdin is not None
+                assert proc is not None and proc.stdin is not None and lines is not None
                 proc.stdin.write(f"{cmd} {k}\n")
                 proc.stdin.flush()
                 return lines.take("TIMES", self.args.timeout)
@@ -360,32 +357,36 @@ class Bench:
             kinds = {
                 "nbdist_run": lambda k: local(nb_api, k),
                 "nbdist_magic": lambda k: local(nb_magic, k),
-                "ipp_execute": lambda k: remote("api", k),
-                "ipp_px": lambda k: remote("magic", k),
             }
+            if ipp:
+                kinds["ipp_execute"] = lambda k: remote("api", k)
+                kinds["ipp_px"] = lambda k: remote("magic", k)
             for fn in kinds.values():  # warm-up, not counted
                 fn(10)
             block = 20
             names = list(kinds)
             for b in range(max(self.args.cells // block, 1)):
-                for name in names[b % 4:] + names[:b % 4]:
+                k = b % len(names)
+                for name in names[k:] + names[:k]:
                     self.cell.setdefault(name, []).extend(kinds[name](block))
-            assert proc.stdin is not None
-            proc.stdin.write("quit\n")
-            proc.stdin.flush()
-            proc.wait(60)
-            if proc.returncode != 0:
-                raise BenchError(f"the ipyparallel child exited with {proc.returncode}")
+            if proc is not None:
+                assert proc.stdin is not None
+                proc.stdin.write("quit\n")
+                proc.stdin.flush()
+                proc.wait(60)
+                if proc.returncode != 0:
+                    raise BenchError(f"the ipyparallel child exited with {proc.returncode}")
         finally:
-            if proc.poll() is None:
-                _kill([psutil.Process(proc.pid), *_safe_children(proc.pid)])
-            proc.wait()
+            if proc is not None:
+                if proc.poll() is None:
+                    _kill([psutil.Process(proc.pid), *_safe_children(proc.pid)])
+                proc.wait()
             err.close()
             self.cluster.stop()
             self.cluster = None
             _sweep("ipyparallel (cells)", self.leftovers)
         med = {k: statistics.median(v) * 1e3 for k, v in self.cell.items()}
-        print("cell x=1 on 4 workers, median ms: "
+        print(f"cell x=1 on {n} workers, median ms: "
               + ", ".join(f"{k} {v:.2f}" for k, v in med.items()), flush=True)
 
 
@@ -447,7 +448,7 @@ def summarize(b: Bench, info: dict) -> dict:
     return {
         "machine": info,
         "settings": {"workers": ns, "reps": b.args.reps, "restarts_per_rep": b.args.restarts,
-                     "cells": b.args.cells, "quick": b.args.quick},
+                     "cells": b.args.cells, "quick": b.args.quick, "smoke": b.args.smoke},
         "start_seconds": start,
         "cpu_seconds": cpu,
         "phases_median_seconds": {k: {n: _median_phases(v[n]) for n in ns if n in v}
@@ -474,7 +475,7 @@ def render(res: dict) -> str:
         "",
         f"{m['date']} · {m['cores']} cores · load average (1m) {m['load_start'][0]:.1f} at start, "
         f"{m['load_end'][0]:.1f} at end · torch {m['torch']} · ipyparallel {m['ipyparallel']} "
-        f"· Python {m['python']} · {m['platform']} · nbdist at {m['nbdist'].get('commit', '?')}"
+        f"· Python {m['python']} · {m['platform']} · nbdist at {res.get('commit', '?')}"
         + (f" with uncommitted changes to {', '.join(m['nbdist']['modified_files'])}"
            if m["nbdist"].get("modified_files") else ""),
         f"{res['settings']['reps']} repetitions per contender and N, contenders interleaved "
@@ -528,7 +529,8 @@ def render(res: dict) -> str:
                  "nbdist_magic": "nbdist `%%dist` (IPython shell)",
                  "ipp_execute": "ipyparallel `rc[:].execute('x=1', block=True)`",
                  "ipp_px": "ipyparallel `%px x=1` (IPython shell)"}
-        lines += ["", "A trivial cell (`x = 1`) on 4 workers, ms per cell:", "",
+        lines += ["", f"A trivial cell (`x = 1`) on {4 if 4 in ns else ns[-1]} workers, "
+                  "ms per cell:", "",
                   "| how | median | min | max | runs |", "|---|---|---|---|---|"]
         for k, s in cell.items():
             lines.append(f"| {names.get(k, k)} | {s['median']:.2f} | {s['min']:.2f} | "
@@ -604,13 +606,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--restarts", type=int, default=None, help="restarts per repetition")
     ap.add_argument("--cells", type=int, default=None, help="cells per contender (round trip)")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per child process")
-    ap.add_argument("--out", type=Path, default=RESULTS_DIR)
+    ap.add_argument("--no-ipp", action="store_true", help="leave ipyparallel out")
     ap.add_argument("--growth-only", action="store_true",
                     help="only N = 1..16 growth and the warm first start (startup_growth.*)")
     ap.add_argument("--no-growth", action="store_true", help="skip growth and first start")
+    _common.add_arguments(ap)
     args = ap.parse_args(argv)
+    args.out = _common.out_dir(args)
+    commit = _common.measured_commit()
     if args.growth_only:
-        return _growth(args.out.resolve(), args.quick)
+        return _growth(args.out, args.quick, args.smoke, commit)
+    if args.smoke:  # one of everything but ipyparallel (its start alone takes longer)
+        args.workers, args.reps, args.restarts, args.cells = [1], 1, 1, 20
+        args.no_ipp = True
     args.workers = args.workers or ([1, 4] if args.quick else [1, 2, 4, 8])
     args.reps = args.reps or (1 if args.quick else 3)
     args.restarts = args.restarts or 3
@@ -626,7 +634,6 @@ def main(argv: list[str] | None = None) -> int:
                        "NBDIST_TEMPLATE_IDLE": "86400"})
     logdir = tmp / "logs"
     logdir.mkdir()
-    args.out = args.out.resolve()
     cwd = os.getcwd()
     info = machine_info()  # the commit and modified files first, then the copy
     src = _snapshot(tmp / "src")
@@ -648,7 +655,9 @@ def main(argv: list[str] | None = None) -> int:
         assert _cl.template is not None and _cl.template.pid is not None
         _check_snapshot(src, "the template", psutil.Process(_cl.template.pid).cwd())
         bench.startup_rounds()
-        if 4 in args.workers or args.quick:
+        if args.smoke:
+            bench.cell_round_trip(1)
+        elif 4 in args.workers or args.quick:
             bench.cell_round_trip(4)
     except BaseException as exc:  # noqa: BLE001 - report, clean up, exit non-zero
         error = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
@@ -661,6 +670,7 @@ def main(argv: list[str] | None = None) -> int:
     info["load_end"] = list(os.getloadavg())
     info["wall_seconds"] = round(time.perf_counter() - t_begin, 1)
     res = summarize(bench, info)
+    res["commit"] = commit
     res["error"] = error
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "startup.json").write_text(json.dumps(res, indent=1, default=str) + "\n")
@@ -671,40 +681,39 @@ def main(argv: list[str] | None = None) -> int:
     _print_verdict(res)
     print(f"wrote {args.out / 'startup.json'} and {args.out / 'startup.md'} "
           f"in {info['wall_seconds']:.0f}s")
-    if not args.no_growth and _growth(args.out, args.quick):
+    if not args.no_growth and _growth(args.out, args.quick, args.smoke, commit):
         return 1
     return 1 if error else 0
 
 
-def _growth(out: Path, quick: bool) -> int:
+def _growth(out: Path, quick: bool, smoke: bool = False, commit: str = "unknown") -> int:
     """N = 1..16 growth and the warm first start (``_startup_growth``); stops what it starts."""
     import _startup_growth
 
+    import nbdist
     from nbdist.cluster.session import SESSION as _cl
 
     try:
-        _startup_growth.run_and_write(out, quick)
+        _startup_growth.run_and_write(out, quick, smoke, commit)
         return 0
     except Exception:  # noqa: BLE001 - report, clean up, exit non-zero
         traceback.print_exc()
         return 1
     finally:
-        if _cl.current is not None:
-            _cl.current.stop()
+        nbdist.stop()
         if _cl.template is not None:
             _cl.template.close()
 
 
 def _cleanup(bench: Bench, error: str | None) -> str | None:
     """Stop nbdist here and its template, kill anything else still running; say what."""
+    import nbdist
     from nbdist.cluster.session import SESSION as _cl
 
     try:
         if bench.cluster is not None:
             bench.cluster.stop()
-        nbdist_cur = _cl.current
-        if nbdist_cur is not None:
-            nbdist_cur.stop()
+        nbdist.stop()
         if _cl.template is not None:
             _cl.template.close()
     except Exception as exc:  # noqa: BLE001

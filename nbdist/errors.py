@@ -27,6 +27,7 @@ __all__ = [
     "RemoteError",
     "StartError",
     "WorkerDiedError",
+    "safe_str",
 ]
 
 
@@ -89,3 +90,11 @@ class RemoteError(NbdistError):
 
 class DistCellError(RemoteError):
     """A ``%%dist`` cell raised on some ranks; the others' output was still shown."""
+
+
+def safe_str(exc: BaseException) -> str:
+    """``str(exc)``, or a placeholder naming its type when ``__str__`` itself fails."""
+    try:
+        return str(exc)
+    except Exception:  # noqa: BLE001
+        return f"<{type(exc).__name__}; str() failed>"

@@ -15,7 +15,6 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class, no_
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from .cluster import core as _cluster
-from .cluster.session import SESSION
 from .errors import ClusterStateError
 
 __all__ = ["DistMagics"]
@@ -147,23 +146,13 @@ class DistMagics(Magics):
         """Stop the world and start a new one; flags not given keep their previous values."""
         args = _parse(self.dist_restart, line, "%dist_restart", self.shell.user_ns)
         n = _count(args.n, "%dist_restart")
-        c = _cluster.current()
         try:
-            if c is None:
-                last = _last_spec()
-                if last is None and n is None:
+            if _cluster.current() is None and _last_spec() is None:
+                if n is None:
                     raise UsageError("no world to restart; start one with `%dist_start N`")
-                settings = _settings(args)
-                if last is not None:
-                    base = {"name": last.name, "worker_name": last.worker_name,
-                            "threads": last.threads, "rpc_timeout": last.rpc_timeout,
-                            "process_group": last.process_group,
-                            "start_timeout": last.start_timeout}
-                    base.update(settings)
-                    settings = base
-                _cluster.start(n if n is not None else last.n, **settings)  # type: ignore[union-attr]
-            else:
-                c.restart(n, **_settings(args))
+                _cluster.start(n, **_settings(args))
+            else:  # the whole previous spec, whatever was given to %dist_start
+                _cluster.restart(n, **_settings(args))
         except ValueError as exc:
             raise UsageError(f"%dist_restart: {exc}") from None
 
@@ -189,7 +178,7 @@ class DistMagics(Magics):
         when the world spans hosts); ``--hosts``: one line per host."""
         if line.strip() not in ("", "--hosts"):
             raise UsageError("%dist_status takes no arguments but --hosts")
-        c = SESSION.current
+        c = _cluster.Cluster.latest
         if c is None or not c.ranks:
             raise UsageError("no nbdist world is running; start one with `%dist_start N`")
         return c.hosts_status() if line.strip() == "--hosts" else c.status()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import html
 from collections.abc import Sequence
 
-__all__ = ["html_table", "text_table"]
+__all__ = ["html_table", "human_bytes", "text_table"]
 
 
 def text_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -26,3 +26,12 @@ def html_table(css_class: str, header: Sequence[str], rows: Sequence[Sequence[st
     body = "".join(f"<tr{a}>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>"
                    for r, a in zip(rows, attrs, strict=True))
     return f"<table class='{css_class}'><tr>{head}</tr>{body}</table>"
+
+
+def human_bytes(n: float) -> str:
+    """``512 B``, ``20 KB``, ``14.7 MB``, ``2.0 GB`` (powers of 1024)."""
+    for unit in ("B", "KB", "MB"):
+        if n < 1024:
+            return f"{n:.0f} {unit}" if unit != "MB" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GB"

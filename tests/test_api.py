@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
+import pytest
+
 import nbdist
 
 EXPECTED = {
@@ -33,3 +35,46 @@ def test_every_public_module_declares_all():
         for name in mod.__all__:
             assert hasattr(mod, name), f"{info.name}.__all__ names missing {name}"
     assert not missing, f"modules without __all__: {missing}"
+
+
+def test_template_and_host_agent_are_launchers():
+    """The world forks through either one behind ``launch.Launcher`` (launch, poll, kill, close)."""
+    from nbdist.proc import netif
+    from nbdist.proc.hosts import HostAgent
+    from nbdist.proc.launch import Launcher, Template
+
+    assert isinstance(Template("/nonexistent"), Launcher)
+    agent = HostAgent("node1", "ssh", "python3", netif.resolve("lo"))
+    assert isinstance(agent, Launcher) and not agent.alive()
+
+
+def test_rpc_hooks_attach_one_world_whole():
+    """A world is attached to rank 0's RPC calls as one object and detached as one."""
+    from nbdist.patches import rpc_hooks
+
+    class Dead:
+        def check_dest(self, dest):
+            raise RuntimeError(f"{dest} is dead")
+
+        def interrupted(self, dest, fut=None):
+            pass
+
+        def replied(self, dest):
+            pass
+
+        def locate(self, dest):
+            return None
+
+    class Fut:
+        def done(self):
+            return False
+
+        def add_done_callback(self, fn):
+            pass
+
+    rpc_hooks.attach(Dead())
+    try:
+        with pytest.raises(RuntimeError, match="obs1 is dead"):
+            rpc_hooks.wait_future(Fut(), "obs1")
+    finally:
+        rpc_hooks.detach()

@@ -205,11 +205,11 @@ def test_series_store_loads_a_large_history_and_snapshots_stay_small():
     records.clear_history()
     try:
         for r in (1, 2):
-            records._deliver((r, f"obs{r}", [(i, 0.0, {"reward": float(i % 100), "tag": "t"})
+            records.deliver((r, f"obs{r}", [(i, 0.0, {"reward": float(i % 100), "tag": "t"})
                                              for i in range(50_000)], []))
         store = SeriesStore()
         store.attach()
-        records._deliver((1, "obs1", [(50_000, 0.0, {"reward": 1000.0})], []))
+        records.deliver((1, "obs1", [(50_000, 0.0, {"reward": 1000.0})], []))
         snap = store.snapshot(["reward"])
         assert store.count == 100_001 and store.keys() == ["reward"]
         for r, curve in snap["reward"].items():

@@ -1,9 +1,14 @@
-"""The package's layers: imports run downward only (design.md), checked on the source."""
+"""The package's shape, checked on the source: imports run downward only (README, Layout),
+no module reaches itself through a circle of imports (inside a package or across), and no
+nbdist module is imported by a name computed at run time."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
+
+from conftest import ROOT
 
 PKG = Path(__file__).resolve().parent.parent / "nbdist"
 
@@ -70,3 +75,162 @@ def test_the_checker_sees_upward_imports():
     found = [t for _, t in _imports(source, "proc.channel")]
     assert found == ["cluster", "display.live", "magics"]
     assert all(_layer(t)[1] > _layer("proc.channel")[1] for t in found)
+
+
+# -- circles ----------------------------------------------------------------------------------
+def _module_of(parts: list[str]) -> str | None:
+    """The nbdist module ``parts`` names (``cluster.core``; a package is its ``__init__``)."""
+    while parts:
+        path = PKG.joinpath(*parts)
+        if path.with_suffix(".py").is_file() or (path / "__init__.py").is_file():
+            return ".".join(parts)
+        parts = parts[:-1]
+    return None
+
+
+def _edges(path: Path) -> set[str]:
+    """Every nbdist module ``path`` imports, at any depth (``TYPE_CHECKING`` ones too)."""
+    package = list(path.relative_to(PKG).parts[:-1])
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[:len(package) - (node.level - 1)]
+            elif node.module and node.module.startswith("nbdist."):
+                base = []
+            else:
+                continue
+            target = base + (node.module.split(".") if node.module else [])
+            if node.level == 0:
+                target = target[1:]  # drop "nbdist"
+            for alias in node.names:
+                mod = _module_of(target + [alias.name]) or _module_of(target)
+                if mod:
+                    out.add(mod)
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("nbdist."):
+                    mod = _module_of(alias.name.split(".")[1:])
+                    if mod:
+                        out.add(mod)
+    return out
+
+
+def _graph() -> dict[str, set[str]]:
+    graph = {}
+    for path in PKG.rglob("*.py"):
+        rel = path.relative_to(PKG).with_suffix("")
+        parts = list(rel.parts[:-1]) if rel.name == "__init__" else list(rel.parts)
+        name = ".".join(parts) or "__init__"
+        graph[name] = {m for m in _edges(path) if m != name}
+    return graph
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One circle per strongly connected group of modules (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_circles_of_imports():
+    """Inside a package and across: ``TYPE_CHECKING`` and function-level imports count."""
+    circles = _circles(_graph())
+    assert not circles, "modules that import each other, directly or in a circle:\n" + \
+        "\n".join(" <-> ".join(c) for c in circles)
+
+
+def test_the_circle_finder_finds_circles():
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _circles({"a": {"b"}, "b": set()}) == []
+
+
+# -- imports by name --------------------------------------------------------------------------
+#: Modules that import by a computed name, and why (never an nbdist module).
+BY_NAME_ALLOWED = {
+    "patches/shipping.py": "a user's module, named by the pickle that refers to it",
+}
+
+
+def _imports_by_name(source: str) -> list[tuple[int, str]]:
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Call):
+            continue
+        fn = node.func
+        name = fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", "")
+        if name not in ("import_module", "__import__") or not node.args:
+            continue
+        arg = node.args[0]
+        literal = arg.value if isinstance(arg, ast.Constant) else None
+        if not isinstance(literal, str) or literal.startswith("nbdist"):
+            found.append((node.lineno, ast.unparse(arg)))
+    return found
+
+
+def test_no_nbdist_module_is_imported_by_name():
+    bad = []
+    for path in PKG.rglob("*.py"):
+        rel = path.relative_to(PKG).as_posix()
+        if rel in BY_NAME_ALLOWED:
+            continue
+        bad += [f"nbdist/{rel}:{line} imports {arg}" for line, arg in
+                _imports_by_name(path.read_text())]
+    assert not bad, "import by name (import it, or register explicitly):\n" + "\n".join(bad)
+
+
+def test_the_by_name_finder():
+    src = ("import importlib\nimportlib.import_module('nbdist.telemetry.tracing')\n"
+           "importlib.import_module(name)\nimportlib.import_module('torch.distributed')\n")
+    assert [a for _, a in _imports_by_name(src)] == ["'nbdist.telemetry.tracing'", "name"]
+
+
+# -- the README's Layout ----------------------------------------------------------------------
+def _layout() -> str:
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Layout", 1)[1].split("\n## ", 1)[0]
+    return section.split("```", 2)[1]
+
+
+def test_readme_layout_names_every_module_and_only_those():
+    """The README's Layout block cannot drift: every module is in it, and nothing else."""
+    layout = _layout()
+    listed: set[str] = set()
+    folder = ""
+    for line in layout.splitlines()[1:]:
+        head = re.match(r"\s{2}(\w+)/", line)
+        if head:
+            folder = head.group(1)
+        elif re.match(r"\s{2}\S", line):
+            folder = ""
+        for name in re.findall(r"\b(\w+)\.py\b", line):
+            listed.add(f"{folder}/{name}.py" if folder else f"{name}.py")
+    modules = {p.relative_to(PKG).as_posix() for p in PKG.rglob("*.py")
+               if p.name != "__init__.py"}
+    assert modules - listed == set(), "modules missing from README's Layout"
+    assert listed - modules == set(), "README's Layout names modules that do not exist"

@@ -118,14 +118,14 @@ def test_log_rejects_nothing_and_reserved_names():
 def test_internal_records_never_reach_history():
     seen = []
     metrics.register_internal("test-kind", seen.append)
-    metrics._deliver([{"rank": 1, "name": "w1", "step": 0, "time": 0.0, "x": 1},
+    metrics.deliver([{"rank": 1, "name": "w1", "step": 0, "time": 0.0, "x": 1},
                       {metrics.INTERNAL: "test-kind", "payload": 5}])
     assert [r["x"] for r in nbdist.history()] == [1]
     assert seen == [{metrics.INTERNAL: "test-kind", "payload": 5}]
 
 
 def test_history_filters_clear_and_exports(tmp_path):
-    metrics._deliver([{"rank": 1, "name": "w1", "step": 0, "time": 1.0, "reward": 1.5},
+    metrics.deliver([{"rank": 1, "name": "w1", "step": 0, "time": 1.0, "reward": 1.5},
                       {"rank": 2, "name": "w2", "step": 0, "time": 2.0, "loss": 0.1},
                       {"rank": 1, "name": "w1", "step": 1, "time": 3.0, "reward": 2.5}])
     assert [r["reward"] for r in nbdist.history(rank=1)] == [1.5, 2.5]
@@ -153,11 +153,11 @@ def test_history_filters_clear_and_exports(tmp_path):
 
 
 def test_follow_is_atomic_with_delivery():
-    metrics._deliver([{"rank": 1, "name": "w1", "step": 0, "time": 1.0, "v": 0}])
+    metrics.deliver([{"rank": 1, "name": "w1", "step": 0, "time": 1.0, "v": 0}])
     later = []
     rows, gen = metrics.follow(later.extend)
     try:
-        metrics._deliver([{"rank": 1, "name": "w1", "step": 1, "time": 1.0, "v": 1}])
+        metrics.deliver([{"rank": 1, "name": "w1", "step": 1, "time": 1.0, "v": 1}])
         assert [r["v"] for r in rows] == [0] and [r["v"] for r in later] == [1]
         assert gen == metrics.generation()
     finally:

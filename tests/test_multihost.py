@@ -168,7 +168,7 @@ def _listeners_of_our_processes() -> list[str]:
 
 def test_the_store_rejects_a_wrong_key_before_unpickling(hostworld, tmp_path):
     fh, c = hostworld
-    address = c._store.address
+    address = c._world.store.address
     with pytest.raises(HandshakeError):
         connect(address, b"not the key" * 3, timeout=5.0)
     # a peer that skips the handshake and sends a pickle: nothing of it is ever loaded
@@ -220,7 +220,7 @@ def test_a_killed_host_is_noticed_its_ranks_fail_fast_and_restart_relaunches_it(
     fh = own
     c = _start(fh)
     try:
-        agent = c._agents[fh.ns["b"]]
+        agent = c._world.agents[fh.ns["b"]]
         os.kill(agent.proc.pid, signal.SIGKILL)  # `ip netns exec` exec'd: this is the agent
         t0 = time.monotonic()
         wait_until(lambda: not c.ranks[4].alive and not c.ranks[5].alive, 5.0,
@@ -455,3 +455,19 @@ def test_an_impostor_at_the_join_listener_is_dropped_and_the_start_goes_on(own, 
         assert rpc.rpc_sync(c.names[1], where)[0] == _netns_inode(fh.ns["a"])
     finally:
         c.stop()
+
+
+def test_dist_restart_after_dist_stop_keeps_the_hosts(own):
+    from IPython.testing.globalipapp import get_ipython
+
+    fh = own
+    ip = get_ipython()
+    ip.run_line_magic("load_ext", "nbdist")
+    ip.run_line_magic("dist_start", f"1 --hosts {fh.ns['a']}:1 --iface {fh.address} "
+                                    f"--launcher '{fh.launcher}' --remote-python {sys.executable}")
+    before = nbdist.current().spec
+    ip.run_line_magic("dist_stop", "")
+    ip.run_line_magic("dist_restart", "")
+    c = nbdist.current()
+    assert c.spec == before and c.world_size == 3
+    assert rpc.rpc_sync(c.names[2], where)[0] == _netns_inode(fh.ns["a"])

@@ -59,3 +59,39 @@ def test_prewarm_off():
     for value in ("0", "off"):
         out = run_child(value)
         assert out["template_pid"] is None
+
+
+ENV_CHILD = r'''
+import json, os, sys
+import nbdist
+from nbdist.cluster.session import SESSION
+nbdist.start(1, quiet=True).stop()  # the template is warm, imported under the old values
+first = SESSION.template_pid()
+CHECK = ("import os, logging\n(os.environ.get('TORCH_LOGS'), os.environ.get('NBDIST_TEST_PLAIN'),"
+         " logging.getLogger('torch._dynamo').getEffectiveLevel())")
+os.environ["NBDIST_TEST_PLAIN"] = "plain"  # read when used: a fork sees it as it is
+c = nbdist.start(1)  # nothing changed that torch reads at import: the same template
+plain = c.run(CHECK, show=False)[1]
+same = SESSION.template_pid() == first
+c.stop()
+os.environ["TORCH_LOGS"] = "dynamo"  # read at import torch, as `%env TORCH_LOGS=dynamo` does
+print("SAY", flush=True)
+c = nbdist.start(1)
+logs = c.run(CHECK, show=False)[1]
+c.stop()
+print("RESULT " + json.dumps({"plain": plain, "same": same, "logs": logs,
+                              "rewarmed": SESSION.template_pid() != first}), flush=True)
+'''
+
+
+@pytest.mark.slow  # a fresh Python and two template imports of torch: ~10 s
+def test_a_variable_torch_reads_at_import_reaches_workers_of_a_warm_template():
+    env = {k: v for k, v in os.environ.items() if k not in ("TORCH_LOGS", "NBDIST_TEST_PLAIN")}
+    proc = subprocess.run([sys.executable, "-c", ENV_CHILD], env=env, capture_output=True,
+                          text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))[7:])
+    assert out["same"] and out["plain"] == "(None, 'plain', 30)", out
+    assert out["rewarmed"] and out["logs"] == "('dynamo', 'plain', 20)", out
+    said = proc.stdout.split("SAY", 1)[1]
+    assert said.count("TORCH_LOGS changed since the worker template imported torch") == 1, said

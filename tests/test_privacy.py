@@ -23,7 +23,7 @@ def test_only_loopback_listeners_and_private_files(world):
     runtime = cl.runtime_dir
     assert stat.S_IMODE(os.stat(os.path.dirname(runtime)).st_mode) == 0o700
     assert stat.S_IMODE(os.stat(runtime).st_mode) == 0o700
-    sock = c._listener.path
+    sock = c._world.listener.path
     assert sock.startswith(runtime) and not os.path.exists(sock)  # closed once all were in
     logs = c.router.log_dir
     assert logs.startswith(runtime) and stat.S_IMODE(os.stat(logs).st_mode) == 0o700
@@ -46,7 +46,7 @@ def test_control_socket_is_gone_once_every_rank_is_in(world):
     from nbdist.proc.channel import connect
 
     c = world(1)
-    path = c._listener.path
+    path = c._world.listener.path
     assert not os.path.exists(path)
     t0 = time.monotonic()
     with pytest.raises((FileNotFoundError, ConnectionRefusedError)):

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
+import pytest
+
 from nbdist.patches.quiet import MAX_PARTIAL, filter_chunk, filter_lines
 
 TRACE = [
@@ -47,3 +52,47 @@ def test_a_huge_unfinished_line_passes_through_in_pieces():
         out += out_piece
         assert len(held) <= MAX_PARTIAL
     assert len(out) + len(held) == 40 * 4096 and out.startswith(b"[x")
+
+
+def test_drops_the_lines_a_world_ending_after_dist_autograd_causes():
+    lines = [b"[E1124 13:30:47.944 container.cpp:250] Could not release Dist Autograd Context "
+             b"on node 1: pipe closed (this error originated at tensorpipe/core/pipe_impl.cc:356)",
+             b"[W1124 13:30:47.945 tensorpipe_agent.cpp:912] RPC agent for agent won't send "
+             b"response to request #12 to obs1, as the agent is shutting down",
+             b"[E1124 container.cpp:250] Could not release Dist Autograd Context on node 1: "
+             b"a real failure",
+             b"user line"]
+    keep, _ = filter_lines(lines, False)
+    assert keep == lines[2:]
+
+
+AUTOGRAD_THEN_STOP = """
+import sys, torch, nbdist
+import torch.distributed.rpc as rpc
+import torch.distributed.autograd as dist_autograd
+
+def double(x):
+    return x * 2
+
+c = nbdist.start(2, quiet=True)
+for _ in range(3):
+    with dist_autograd.context() as ctx:
+        x = torch.ones(3, requires_grad=True)
+        y = rpc.rpc_sync(c.names[2], double, args=(rpc.rpc_sync(c.names[1], double, args=(x,)),))
+        dist_autograd.backward(ctx, [y.sum()])
+c = c.restart(quiet=True) if sys.argv[1] == "restart" else c
+c.stop()
+print("stopped", file=sys.stderr, flush=True)
+"""
+
+
+@pytest.mark.parametrize("how", ["stop", "restart"])
+def test_stop_right_after_dist_autograd_prints_nothing_of_torch(how, tmp_path):
+    """Rank 0's fd 2 (what Jupyter shows in the cell) stays clean when a world ends right after
+    distributed autograd: torch's context release to a closing peer is nbdist-caused noise."""
+    script = tmp_path / "autograd_then_stop.py"
+    script.write_text(AUTOGRAD_THEN_STOP)
+    proc = subprocess.run([sys.executable, str(script), how], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines() == ["stopped"], proc.stderr[-3000:]

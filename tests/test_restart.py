@@ -64,3 +64,24 @@ def test_fifty_restarts_in_a_row(ipython):
     assert proc.num_fds() <= baseline["fds"] + 8
     assert proc.num_threads() <= baseline["os_threads"] + 4  # old agents' pools are gone
     assert proc.memory_info().rss < baseline["rss"] + 300 * 2**20
+
+
+def test_dist_restart_after_dist_stop_keeps_every_flag(ipython):
+    """The README promises that flags not given keep their values: after `%dist_stop` too,
+    the host flags included (the magic once rebuilt the spec from six of its fields)."""
+    from dataclasses import replace
+
+    ipython.run_line_magic(
+        "dist_start", "1 --name agent --worker-name obs{rank} --threads 1 --rpc-timeout 30 "
+        "--start-timeout 50 --iface lo --launcher 'ip netns exec {host} {command}' "
+        "--remote-python /usr/bin/python3")
+    spec = nbdist.current().spec
+    assert (spec.iface, spec.launcher, spec.remote_python) == (
+        "lo", "ip netns exec {host} {command}", "/usr/bin/python3")
+    ipython.run_line_magic("dist_stop", "")
+    ipython.run_line_magic("dist_restart", "")
+    assert nbdist.current().spec == spec
+    assert nbdist.current().names == ["agent", "obs1"]
+    ipython.run_line_magic("dist_stop", "")
+    ipython.run_line_magic("dist_restart", "2 --threads 2")
+    assert nbdist.current().spec == replace(spec, n=2, threads=2)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..errors import DistCellError, DistTimeoutError, RankFailure, WorkerDiedError
@@ -14,21 +14,18 @@ from .debug import DebugDesk
 from .ranks import RankInfo
 from .rich import RichOutput
 from .router import StatusLine
-from .session import SESSION
 
 __all__ = ["Cells"]
-
-STATUS_AFTER = 2.0  # a cell running longer than this gets a status line saying who still runs
-STATUS_EVERY = 0.5
 
 
 class Cells:
     """Cell bookkeeping of one world: results by cell id, flush acknowledgements by token."""
 
     def __init__(self, ranks: dict[int, RankInfo], cv: threading.Condition,
-                 require_running: Callable[[str], None]) -> None:
-        self.ranks, self.cv, self._require = ranks, cv, require_running
-        self.desk = DebugDesk(ranks, self._send)
+                 require_running: Callable[[str], None], ids: Iterator[int]) -> None:
+        """``ids``: the process's counter of cell ids and flush tokens (unique across worlds)."""
+        self.ranks, self.cv, self._require, self._ids = ranks, cv, require_running, ids
+        self.desk = DebugDesk(ranks, self.send)
         self.rich = RichOutput(ranks)  # workers' displays, figures, rich values
         self.last_failed: int | None = None  # the rank whose error was shown last
         self._results: dict[int, dict[int, Result]] = {}
@@ -48,7 +45,12 @@ class Cells:
             self.cv.notify_all()
 
     # -- sending ------------------------------------------------------------------------------
-    def _send(self, rank: int, msg: Message) -> bool:
+    def next_id(self) -> int:
+        """A fresh cell id or flush token."""
+        return next(self._ids)
+
+    def send(self, rank: int, msg: Message) -> bool:
+        """Send ``msg`` to ``rank``; False when it is gone (nothing raised)."""
         info = self.ranks[rank]
         chan: Channel | None = info.channel
         if chan is None or not info.alive:
@@ -67,20 +69,20 @@ class Cells:
             info = self.ranks[dead[0]]
             raise WorkerDiedError(info.rank, info.name, info.reason(),
                                   "asked to run a cell; `%dist_restart` starts a fresh world")
-        exec_id = next(SESSION.exec_ids)
+        exec_id = self.next_id()
         msg = Exec(exec_id, code, f"<dist-cell-{exec_id}>")
         for r in targets:
-            self._send(r, msg)
+            self.send(r, msg)
         return exec_id
 
     def interrupt(self, targets: list[int]) -> None:
         """KeyboardInterrupt in the cell and RPC functions running on these ranks."""
         for r in targets:
-            self._send(r, Interrupt())
+            self.send(r, Interrupt())
 
     def interrupt_rpc(self, rank: int) -> None:
         """KeyboardInterrupt in the RPC functions running on ``rank`` (not its cell)."""
-        self._send(rank, Interrupt(rpc_only=True))
+        self.send(rank, Interrupt(rpc_only=True))
 
     # -- waiting ------------------------------------------------------------------------------
     def collect(self, exec_id: int, targets: list[int], timeout: float | None) -> dict:
@@ -111,7 +113,7 @@ class Cells:
     def _wait_serving(self, exec_id: int, targets: list[int], deadline: float | None) -> dict:
         started = time.monotonic()
         status: StatusLine | None = None
-        next_status = started + STATUS_AFTER
+        next_status = started + StatusLine.AFTER
         with self.cv:
             while True:
                 pending = self._pending(exec_id, targets)
@@ -127,7 +129,7 @@ class Cells:
                     status = status or StatusLine()
                     names = ", ".join(self.ranks[r].name for r in pending)
                     status.show(f"nbdist: running on {names} ({now - started:.1f}s)")
-                    next_status = now + STATUS_EVERY
+                    next_status = now + StatusLine.EVERY
                 if deadline is not None and time.monotonic() > deadline:
                     self.interrupt(pending)
                     who = ", ".join(self.ranks[r].label() for r in pending)
@@ -176,8 +178,8 @@ class Cells:
 
     def flush(self, timeout: float) -> bool:
         """Wait until what live workers printed or logged so far has arrived here."""
-        token = next(SESSION.exec_ids)
-        targets = [r for r in self.ranks if r and self._send(r, Flush(token))]
+        token = self.next_id()
+        targets = [r for r in self.ranks if r and self.send(r, Flush(token))]
         deadline = time.monotonic() + timeout
         with self.cv:
             try:

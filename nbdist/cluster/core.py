@@ -1,54 +1,45 @@
 """``Cluster``: one local RPC world with the notebook as rank 0; start, run, status, stop.
 
-A facade over the parts in this package: ``startup`` (the start sequence and rank 0's own
-membership), ``receiver`` (the thread that reads every worker), ``cells`` (running cells),
-``status``, and ``session`` (state kept between worlds: the warm template, the runtime
-directory). One cluster is active per notebook process.
+The facade: ``world`` (start-up, worker lives, teardown), ``cells`` (running cells),
+``receiver`` (the thread that reads every worker), ``status``; ``session`` keeps what outlives
+worlds (the warm template, the runtime directory, join agents). One world is current per
+notebook process; this module keeps it, and stops it when the process exits.
 """
 
 from __future__ import annotations
 
-import functools
 import os
 import shutil
-import signal
-import sys
-import tempfile
 import threading
 import time
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import Any, ClassVar
 
-from ..errors import ClusterStateError, DistTimeoutError, StartError, WorkerDiedError
+from ..errors import ClusterStateError, WorkerDiedError
 from ..patches import rpc_hooks
-from ..proc import netif
-from ..proc.channel import Listener
-from ..proc.hosts import HostAgent, launcher_argv, slurm_hosts, start_agents
-from ..proc.protocol import Debug, Stop
-from ..proc.runtime import pid_alive
+from ..proc.hosts import slurm_hosts
+from ..proc.protocol import Debug
 from ..spec import WorldSpec, parse_hosts, parse_ranks
-from ..telemetry import records, tracing
 from .cells import Cells
-from .followup import FollowUps
 from .ranks import ClusterState, RankInfo
 from .receiver import Receiver
 from .router import Router
 from .session import SESSION
-from .startup import Rank0, StartWatch, worker_config
 from .status import HostTable, StatusTable, collect_status, host_status
+from .world import World
 
-__all__ = ["Cluster", "current", "last_spec", "release_hosts", "start", "stop"]
+__all__ = ["Cluster", "current", "last_spec", "release_hosts", "restart", "start", "stop"]
 
 
 def current() -> Cluster | None:
     """The active cluster of this notebook process, or None."""
-    c = SESSION.current
+    c = Cluster.latest
     return c if c is not None and c.running else None
 
 
 def last_spec() -> WorldSpec | None:
     """The settings of the most recently started world (for ``%dist_restart`` after a stop)."""
-    return SESSION.last_spec
+    return Cluster.last_spec
 
 
 def start(n: int, *, name: str = "worker0", worker_name: str = "worker{rank}",
@@ -76,16 +67,39 @@ def start(n: int, *, name: str = "worker0", worker_name: str = "worker{rank}",
     return cluster
 
 
+def restart(n: int | None = None, *, quiet: bool = False, **changes: Any) -> Cluster:
+    """Restart the running world or, after a stop, start the last one again (``%dist_restart``).
+
+    Every setting not given keeps its value, ``hosts``, ``iface``, ``launcher`` and
+    ``remote_python`` included (``hosts=()`` drops the hosts).
+    """
+    c = current()
+    if c is not None:
+        return c.restart(n, quiet=quiet, **changes)
+    if Cluster.last_spec is None:
+        raise ClusterStateError("no world to restart; start one with `%dist_start N`")
+    cluster = Cluster(_changed(Cluster.last_spec, n, changes))
+    cluster._start(quiet=quiet)
+    return cluster
+
+
+def _changed(spec: WorldSpec, n: int | None, changes: dict[str, Any]) -> WorldSpec:
+    """``spec`` with the settings given changed (``None``: as it was), validated."""
+    if changes.get("hosts") is not None:
+        changes = {**changes, "hosts": parse_hosts(changes["hosts"], slurm_hosts) or ()}
+    return spec.with_changes(n=n, **changes).validate()
+
+
 def stop() -> None:
     """Stop the active cluster, if any."""
-    if SESSION.current is not None:
-        SESSION.current.stop()
+    if Cluster.latest is not None:
+        Cluster.latest.stop()
 
 
 def release_hosts() -> int:
     """End the join agents kept warm on other hosts (a running world that uses them is
     stopped first); returns how many there were. They also end with this process."""
-    c = SESSION.current
+    c = Cluster.latest
     if c is not None and c.spec.hosts:
         c.stop()
     return SESSION.close_agents()
@@ -94,198 +108,51 @@ def release_hosts() -> int:
 class Cluster:
     """A running local world. Use ``nbdist.start`` to make one."""
 
+    #: The world started last in this process (running, or stopping, or failed), and its spec.
+    latest: ClassVar[Cluster | None] = None
+    last_spec: ClassVar[WorldSpec | None] = None
+
     def __init__(self, spec: WorldSpec) -> None:
         self.spec = spec
         self.names = spec.names()
-        self._by_name = {nm: r for r, nm in enumerate(self.names)}
-        self.state = ClusterState.NEW
         self.started_at = time.time()
-        self.startup_seconds = 0.0
         self.epoch = next(SESSION.epochs)
         now = time.time()
         placement = spec.placement()
         self.ranks: dict[int, RankInfo] = {r: RankInfo(r, nm, started=now, host=placement[r])
                                            for r, nm in enumerate(self.names)}
         self.router = Router()
-        self._cv = threading.Condition()
-        self.cells = Cells(self.ranks, self._cv, self._require_running)
-        self._receiver = Receiver(self.ranks, self.router, self.cells, self._cv)
-        self._world_dir: str | None = None
-        self._listener: Listener | None = None
-        self._rank0: Rank0 | None = None
-        self._agents: dict[str, HostAgent] = {}  # host -> its join agent
-        self._store: Any = None  # a host world's rendezvous StoreServer
-        self._followups = FollowUps(self.cells.interrupt_rpc)
+        cv = threading.Condition()
+        self.cells = Cells(self.ranks, cv, self._require_running, SESSION.exec_ids)
+        self._receiver = Receiver(self.ranks, self.router, self.cells, self.cells.rich,
+                                  self.cells.desk, cv)
+        self._world = World(spec, self.names, self.ranks, cv, self.router, self.cells,
+                            self._receiver, self.epoch, on_up=self._became_current,
+                            on_down=self._stopped)
+
+    @property
+    def state(self) -> ClusterState:
+        return self._world.state
 
     @property
     def running(self) -> bool:
-        return self.state is ClusterState.RUNNING
+        return self._world.running
 
-    # ------------------------------------------------------------------ start
+    @property
+    def startup_seconds(self) -> float:
+        return self._world.startup_seconds
+
     def _start(self, quiet: bool) -> None:
-        iface = None
-        if self.spec.hosts:  # bad --iface or --launcher: ValueError before anything starts
-            iface = netif.resolve(self.spec.iface)
-            launcher_argv(self.spec.launcher, "host", [sys.executable])
-        SESSION.last_spec = self.spec
-        self.state.require(ClusterState.NEW, doing="start")
-        self.state = ClusterState.STARTING
-        t0 = time.monotonic()
-        spec = self.spec
-        watch = StartWatch(self.ranks, t0 + spec.start_timeout, spec.start_timeout, self._cv)
-        template = SESSION.get_template()
-        if spec.n:
-            template.ensure_started()  # imports torch in parallel with us
-        import torch.distributed.rpc as rpc
+        self._world.check()  # bad --iface or --launcher: ValueError before anything starts
+        Cluster.last_spec = self.spec
+        self._world.start(quiet)
 
-        if not rpc.is_available():
-            raise StartError("this torch build has no torch.distributed.rpc; install a build "
-                             "with distributed support")
-        try:
-            self._world_dir = tempfile.mkdtemp(prefix="w", dir=SESSION.runtime())
-            self.router.keep_logs_in(os.path.join(self._world_dir, "logs"))
-            key = os.urandom(32)
-            store_address = None
-            if iface is not None:
-                self._start_agents(iface, watch)
-                self._listener = Listener((iface.address, 0), key)
-                from ..proc.store import MemoryStore, StoreServer
+    def _became_current(self) -> None:
+        Cluster.latest = self
 
-                self._store = StoreServer(MemoryStore(spec.start_timeout), (iface.address, 0),
-                                          key)
-                store_address = self._store.address
-            else:
-                self._listener = Listener(os.path.join(self._world_dir, "ctl"), key)
-            template.on_exit = self._on_exit
-            configs = [worker_config(spec, self.names, r, self._world_dir, self._listener.path,
-                                     key, self.epoch, store=store_address,
-                                     ifname=iface.name if iface else "lo")
-                       for r in range(1, spec.world_size)]
-            self.ranks[0].pid = os.getpid()
-            self.ranks[0].ready = True
-            self._spawn_all(template, configs, watch)
-            watch.accept_all(self._listener)
-            self._listener.close()  # every rank is in: nothing listens for the rest of the world
-            self._receiver.start()
-            SESSION.current = self
-            rpc_hooks.set_death_check(self._check_dest, self._interrupt_dest)
-            rpc_hooks.set_after_reply(self._show_output_of)
-            rpc_hooks.set_locator(self._remote_label)
-            self._rank0 = Rank0(spec, self.names, self._world_dir, self.epoch,
-                                store=self._store.store if self._store else None,
-                                iface=iface)
-            SESSION.settle_joiner(watch.deadline)
-            self._rank0.join(watch)
-            watch.wait_ready()
-            watch.ping_all()
-        except BaseException as exc:
-            self._teardown()
-            if isinstance(exc, (StartError, DistTimeoutError, KeyboardInterrupt)):
-                raise
-            raise StartError(f"could not start the world: {exc}") from exc
-        self.state = ClusterState.RUNNING
-        self.startup_seconds = time.monotonic() - t0
-        records._set_identity(0, self.names[0])
-        tracing.arm(0, self.names[0])
-        tracing.set_peers(self._live_worker_names)
-        if not quiet:
-            print(f"nbdist: {spec.world_size} ranks ready in {self.startup_seconds:.2f}s: "
-                  + ", ".join(f"{r}={nm}" for r, nm in enumerate(self.names)))
-
-    def _start_agents(self, iface: netif.Interface, watch: StartWatch) -> None:
-        """The join agent of every host is running (launched now if it is not)."""
-        agents = SESSION.agents_for(self.spec, iface)
-        for agent in agents:
-            agent.on_exit = functools.partial(self._on_exit, host=agent.host)
-            agent.on_lost = self._on_host_lost
-            self._agents[agent.host] = agent
-        start_agents(agents, SESSION.agent_key, watch.deadline)
-        if not SESSION.warned_data_plane:
-            SESSION.warned_data_plane = True
-            Router.write("stderr", f"nbdist: this world's RPC and Gloo ports on {iface.name} "
-                                   f"({iface.address}) and on the hosts accept unauthenticated "
-                                   "connections (torch's TensorPipe and Gloo have no "
-                                   "authentication): use a private network or a tunnel "
-                                   "(README: More than one machine)\n")
-
-    def _spawn_all(self, template: Any, configs: list[dict], watch: StartWatch) -> None:
-        """Fork each rank where it lives: here through the template, elsewhere through its
-        host's agent (all asked first, then all waited for)."""
-        by_host: dict[str | None, list[dict]] = {}
-        for cfg in configs:
-            by_host.setdefault(cfg["host"], []).append(cfg)
-        if None in by_host:
-            template.wait_ready(watch.deadline)
-        for host, cfgs in by_host.items():
-            launcher = template if host is None else self._agents[host]
-            for rank, pid in launcher.spawn(cfgs, watch.deadline).items():
-                self.ranks[rank].pid = pid
-
-    # ------------------------------------------------------------------ worker lives
-    def _on_host_lost(self, host: str, why: str) -> None:
-        """A host's agent went away or silent (its reader thread): its ranks are gone."""
-        lost = []
-        with self._cv:
-            for info in self.ranks.values():
-                if info.host == host and info.alive:
-                    info.lost, info.exit_code = why, -signal.SIGKILL
-                    lost.append(info.rank)
-            self._cv.notify_all()
-        if lost and self.running:
-            Router.write("stderr", f"nbdist: host {host} lost ({why}): rank"
-                                   f"{'s' if len(lost) > 1 else ''} "
-                                   f"{', '.join(map(str, lost))} gone; `%dist_restart` "
-                                   "relaunches it\n")
-
-    def _on_exit(self, pid: int, code: int, host: str | None = None) -> None:
-        """The template (or a host's agent) reaped a worker (called from its reader thread)."""
-        for info in self.ranks.values():
-            if info.pid == pid and info.rank != 0 and info.host == host:
-                with self._cv:
-                    info.exit_code = code
-                    self._cv.notify_all()
-                if self.running:
-                    self.router.flush(info.rank)
-                    Router.write("stderr", f"nbdist: {info.label()} {info.reason()}\n")
-                return
-
-    def _check_dest(self, dest: Any) -> None:
-        """Called often while an RPC is waited for: serve worker debuggers; raise if ``dest``
-        is a dead rank of this world."""
-        self.cells.desk.serve()
-        rank = self._rank_of(dest)
-        if rank is not None:
-            info = self.ranks[rank]
-            if info.exit_code is not None:
-                raise WorkerDiedError(rank, info.name, info.reason(), "an RPC waited on it")
-
-    def _interrupt_dest(self, dest: Any, fut: Any = None) -> None:
-        """Ctrl-C stopped the wait for ``fut`` on ``dest``: interrupt the RPC work running
-        there too, and again while ``fut`` is not done (the call may not have started)."""
-        rank = self._rank_of(dest)
-        if rank:
-            self.interrupt([rank])
-            self._followups.add(rank, fut)
-
-    def _show_output_of(self, dest: Any) -> None:
-        """An RPC to ``dest`` returned: show what it printed before the caller goes on."""
-        rank = self._rank_of(dest)
-        if rank:
-            self._receiver.caught_up(rank, timeout=0.5)
-
-    def _remote_label(self, dest: Any) -> str | None:
-        """``rank 3 (worker3) on node2`` for a rank on another host, else None."""
-        rank = self._rank_of(dest)
-        info = self.ranks.get(rank) if rank is not None else None
-        return info.label() if info is not None and info.host else None
-
-    def _rank_of(self, dest: Any) -> int | None:
-        if isinstance(dest, int):
-            return dest if dest in self.ranks else None
-        return self._by_name.get(getattr(dest, "name", dest))
-
-    def _live_worker_names(self) -> list[str]:
-        return [i.name for r, i in self.ranks.items() if r and i.alive] if self.running else []
+    def _stopped(self) -> None:
+        if Cluster.latest is self:
+            Cluster.latest = None
 
     # ------------------------------------------------------------------ cells
     def run(self, code: str, ranks: Any = None, timeout: float | None = None,
@@ -343,15 +210,15 @@ class Cluster:
                 raise ValueError("no worker error has been shown yet; name the rank: "
                                  "`%dist_debug 2` or `c.debug('worker2')`")
         (r,) = parse_ranks(rank, self.names)
-        exec_id = next(SESSION.exec_ids)
+        exec_id = self.cells.next_id()
         self._require_running("debug a rank")
-        if not self.cells._send(r, Debug(exec_id)):
+        if not self.cells.send(r, Debug(exec_id)):
             raise WorkerDiedError(r, self.names[r], self.ranks[r].reason(), "asked to debug")
         self.report(self.collect(exec_id, [r], None), [r], show=False)
 
     def _rpc_failed(self) -> int | None:
         dest = rpc_hooks.last_failed_destination()
-        return self._rank_of(dest) if dest is not None else None
+        return self._world.rank_of(dest) if dest is not None else None
 
     def flush(self, timeout: float = 2.0) -> bool:
         """Wait until everything workers printed or logged so far has reached the notebook.
@@ -388,7 +255,7 @@ class Cluster:
 
     def hosts_status(self) -> HostTable:
         """One row per host of this world: its agent's pid, ranks, load and free memory."""
-        return host_status(self, self._agents)
+        return host_status(self, self._world.agents)
 
     def worker_pids(self) -> list[int]:
         return [i.pid for r, i in self.ranks.items() if r != 0 and i.pid is not None]
@@ -414,7 +281,7 @@ class Cluster:
             if keep_logs is not None:
                 self._copy_logs(keep_logs)
         finally:
-            self._teardown(timeout)
+            self._world.teardown(timeout)
 
     def _copy_logs(self, dest: str) -> None:
         os.makedirs(dest, exist_ok=True)
@@ -425,88 +292,11 @@ class Cluster:
     def restart(self, n: int | None = None, *, quiet: bool = False, **changes: Any) -> Cluster:
         """Stop this world and start a new one; unspecified settings stay as they were
         (``hosts=()`` drops the hosts)."""
-        if "hosts" in changes and changes["hosts"] is not None:
-            changes["hosts"] = parse_hosts(changes["hosts"], slurm_hosts) or ()
-        spec = self.spec.with_changes(n=n, **changes).validate()
+        spec = _changed(self.spec, n, changes)
         self.stop()
         cluster = Cluster(spec)
         cluster._start(quiet=quiet)
         return cluster
-
-    def _teardown(self, timeout: float = 5.0) -> None:
-        if self.state in (ClusterState.STOPPING, ClusterState.STOPPED):
-            return
-        self.state = ClusterState.STOPPING
-        try:
-            self.router.muted = True
-            rpc_hooks.set_death_check(None)
-            rpc_hooks.set_after_reply(None)
-            rpc_hooks.set_locator(None)
-            tracing.set_peers(None)
-            self._followups.stop()
-            if self._rank0 is not None:  # first, so rank 0's agent does not complain
-                self._rank0.leave()
-                if self._rank0.joiner is not None:
-                    SESSION.joiner = self._rank0.joiner
-            self._stop_workers(timeout)
-            for info in self.ranks.values():
-                chan, info.channel = info.channel, None
-                if chan is not None:
-                    chan.close(timeout=0.5)
-            self._receiver.stop()
-            self.router.close()
-            if self._listener is not None:
-                self._listener.close()
-            if self._store is not None:
-                self._store.close()
-            if self._world_dir is not None:
-                shutil.rmtree(self._world_dir, ignore_errors=True)
-        finally:
-            self.state = ClusterState.STOPPED
-            if SESSION.current is self:
-                SESSION.current = None
-
-    def _stop_workers(self, timeout: float) -> None:
-        """Ask each worker to stop; SIGKILL (through its template or agent) at half the
-        timeout."""
-        workers = [i for r, i in self.ranks.items() if r and i.alive]
-        for info in workers:
-            if info.channel is not None:
-                try:
-                    info.channel.send(Stop())
-                except OSError:
-                    pass
-        deadline = time.monotonic() + timeout
-        killed = False
-        with self._cv:
-            while any(i.alive for i in workers):
-                now = time.monotonic()
-                for info in workers:
-                    launcher = self._launcher_of(info)
-                    if info.alive and (launcher is None or not launcher.alive()):
-                        # no one will report its exit: its launcher's death killed it
-                        # (PR_SET_PDEATHSIG here; an agent kills its ranks when it ends)
-                        if info.host is not None or not pid_alive(info.pid):  # type: ignore
-                            info.exit_code = -signal.SIGKILL
-                if not killed and now > deadline - timeout / 2:
-                    killed = True
-                    for launcher, pids in self._pids_by_launcher(workers).items():
-                        launcher.kill(pids, signal.SIGKILL)
-                if now > deadline:
-                    break
-                self._cv.wait(0.02)
-
-    def _launcher_of(self, info: RankInfo) -> Any:
-        """The template or agent that forked ``info``'s process (None if it is gone)."""
-        return SESSION.template if info.host is None else self._agents.get(info.host)
-
-    def _pids_by_launcher(self, workers: list[RankInfo]) -> dict[Any, list[int]]:
-        found: dict[Any, list[int]] = {}
-        for info in workers:
-            launcher = self._launcher_of(info)
-            if info.alive and info.pid and launcher is not None and launcher.alive():
-                found.setdefault(launcher, []).append(info.pid)
-        return found
 
     def __enter__(self) -> Cluster:
         return self
@@ -517,3 +307,12 @@ class Cluster:
     def __repr__(self) -> str:
         return f"<nbdist.Cluster {self.state.value}: " + ", ".join(
             f"{r}={nm}" for r, nm in enumerate(self.names)) + ">"
+
+
+def _stop_at_exit() -> None:
+    """The process is exiting: stop its world quickly (after the template and agents)."""
+    if Cluster.latest is not None:
+        Cluster.latest.stop(timeout=1.0)
+
+
+SESSION.on_exit.append(_stop_at_exit)

@@ -11,7 +11,6 @@ import os
 import select
 import threading
 import time
-from typing import TYPE_CHECKING
 
 from ..proc.protocol import (
     ClearOutput,
@@ -29,12 +28,12 @@ from ..proc.protocol import (
     Ready,
     Result,
 )
-from ..telemetry import records
-from .router import Router
-
-if TYPE_CHECKING:
-    from .cells import Cells
+from ..telemetry import records, timing, tracing  # noqa: F401 - their internal-record handlers
+from .cells import Cells
+from .debug import DebugDesk
 from .ranks import RankInfo
+from .rich import RichOutput
+from .router import Router
 
 __all__ = ["Receiver"]
 
@@ -53,8 +52,9 @@ class Receiver:
     """Owns the receiving thread; ``stop`` ends it (with a deadline)."""
 
     def __init__(self, ranks: dict[int, RankInfo], router: Router, cells: Cells,
-                 cv: threading.Condition) -> None:
+                 rich: RichOutput, desk: DebugDesk, cv: threading.Condition) -> None:
         self.ranks, self.router, self.cells, self.cv = ranks, router, cells, cv
+        self.rich, self.desk = rich, desk
         self._wake_r, self._wake_w = os.pipe()
         self._stopping = False
         self._reported: dict[int, float] = {}
@@ -175,7 +175,7 @@ class Receiver:
         if isinstance(msg, Output):
             self.router.feed(info.rank, info.name, msg.stream, msg.text)
         elif isinstance(msg, Metrics):
-            records._deliver(msg.batch)
+            records.deliver(msg.batch)
         elif isinstance(msg, Result):
             self.router.flush(info.rank)
             self.cells.deliver(msg)
@@ -187,14 +187,14 @@ class Receiver:
                 self.cv.notify_all()
         elif isinstance(msg, (DisplayData, ClearOutput)):
             self.router.flush(info.rank)  # what it printed before shows before
-            self.cells.rich.show(info.rank, info.name, msg)
+            self.rich.show(info.rank, info.name, msg)
         elif isinstance(msg, DisplayChunk):  # a piece of a big display: shown when complete
-            whole = self.cells.rich.piece(info.rank, msg)
+            whole = self.rich.piece(info.rank, msg)
             if whole is not None:
                 self.router.flush(info.rank)
-                self.cells.rich.show(info.rank, info.name, whole)
+                self.rich.show(info.rank, info.name, whole)
         elif isinstance(msg, (DebugPrompt, DebugEnd)):
-            self.cells.desk.arrived(msg)
+            self.desk.arrived(msg)
         elif isinstance(msg, Failed):
             with self.cv:
                 info.failure = msg.traceback

@@ -34,7 +34,10 @@ CELL_BYTES = int(float(os.environ.get("NBDIST_CELL_OUTPUT_MB", "5")) * 2**20)
 
 
 def in_jupyter() -> bool:
-    """Whether this process is a Jupyter kernel (display handles reach a frontend)."""
+    """Whether this process is a Jupyter kernel (display handles reach a frontend; not a
+    terminal IPython, not a plain script)."""
+    if "ipykernel" not in sys.modules:  # cheap, and IPython is not imported for nothing
+        return False
     try:
         from IPython import get_ipython
     except ImportError:
@@ -88,6 +91,9 @@ class _TerminalLive:
 
 class StatusLine:
     """A one-line status updated in place (Jupyter display handle, or ``\r`` on stderr)."""
+
+    AFTER = 2.0  # a wait (cell, start) running longer than this gets a status line
+    EVERY = 0.5  # seconds between its updates
 
     def __init__(self) -> None:
         self.jupyter = in_jupyter()

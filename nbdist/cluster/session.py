@@ -1,8 +1,10 @@
-"""The notebook process's nbdist state, in one object: the active world, the warm template,
-the runtime directory, the last settings, and the counters worlds draw from.
+"""What the notebook process keeps between worlds, in one object: the warm template, the
+runtime directory, the join agents, and the counters worlds draw from (the current world
+itself is ``core.Cluster``'s to keep).
 
 Interpreter exit (atexit) removes the runtime directory first (what a kill would leave),
-then stops the template, which SIGKILLs every worker it forked, then the active world.
+then stops the template, which SIGKILLs every worker it forked, then runs ``on_exit`` (where
+``core`` stops the current world).
 Displays register their own exit handler later, so it runs before this one (LIFO).
 
 Prewarm: ``%load_ext nbdist`` (and ``import nbdist`` inside a Jupyter kernel) start the template
@@ -20,7 +22,7 @@ import shutil
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from ..envflag import switched_on
 from ..errors import StartError
@@ -29,9 +31,7 @@ from ..proc.launch import Template
 from ..proc.netif import Interface
 from ..proc.runtime import runtime_dir
 from ..spec import WorldSpec
-
-if TYPE_CHECKING:
-    from .core import Cluster
+from .router import in_jupyter
 
 __all__ = ["PREWARM_ENV", "SESSION", "Session", "prewarm_enabled"]
 
@@ -47,16 +47,15 @@ class Session:
     """Everything nbdist keeps per notebook process between worlds."""
 
     def __init__(self) -> None:
-        self.current: Cluster | None = None
         self.template: Template | None = None
         self.runtime_dir: str | None = None
-        self.last_spec: WorldSpec | None = None
         self.exec_ids = itertools.count(1)  # cells and flush tokens, unique per process
         self.epochs = itertools.count(1)  # one per world: keeps RRef ids of worlds apart
         self.joiner: threading.Thread | None = None  # rank 0's init_rpc of a failed start
         self.agents: dict[tuple, HostAgent] = {}  # join agents on other hosts, kept warm
         self.agent_key = os.urandom(32)  # the secret agents prove (reaches them on stdin)
         self.warned_data_plane = False
+        self.on_exit: list[Callable[[], None]] = []  # run last at exit, in order
 
     def settle_joiner(self, deadline: float) -> None:
         """Before a new ``init_rpc``: let a failed start's joining thread end (it is bounded
@@ -133,8 +132,8 @@ class Session:
             if self.template is not None:
                 self.template.close(timeout=2.0)
         finally:
-            if self.current is not None:
-                self.current.stop(timeout=1.0)
+            for hook in self.on_exit:
+                hook()
 
 
 SESSION = Session()
@@ -149,17 +148,5 @@ def _import_rpc() -> None:
         pass
 
 
-def _in_kernel() -> bool:
-    """True inside a Jupyter kernel (not a terminal IPython, not a plain script)."""
-    if "ipykernel" not in sys.modules:
-        return False
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return False
-    shell = get_ipython()
-    return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
-
-
-if _in_kernel():
+if in_jupyter():
     SESSION.prewarm()

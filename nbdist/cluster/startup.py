@@ -26,7 +26,6 @@ from ..proc.netif import Interface
 from ..proc.protocol import Hello, ProtocolError
 from ..spec import WorldSpec
 from ..telemetry import tracing
-from .cells import STATUS_AFTER, STATUS_EVERY
 from .ranks import RankInfo
 from .router import Router, StatusLine
 
@@ -130,10 +129,10 @@ class StartWatch:
             missing.discard(hello.rank)
 
     def wait_ready(self) -> None:
-        """Every worker joined; past ``STATUS_AFTER`` seconds a line counts them in place."""
+        """Every worker joined; past ``StatusLine.AFTER`` seconds a line counts them in place."""
         started = time.monotonic()
         status: StatusLine | None = None
-        next_status = started + STATUS_AFTER
+        next_status = started + StatusLine.AFTER
         with self.cv:
             while True:
                 missing = {r for r, i in self.ranks.items() if not i.ready}
@@ -142,7 +141,7 @@ class StartWatch:
                     n = len(self.ranks)
                     status.show(f"nbdist: {n - len(missing)}/{n} ranks ready "
                                 f"({now - started:.1f}s)")
-                    next_status = now + STATUS_EVERY
+                    next_status = now + StatusLine.EVERY
                 if not missing:
                     return
                 if status is None and now >= next_status:
@@ -193,7 +192,7 @@ class Rank0:
         thread_states.install()
         rpc_hooks.install_callee()
         rpc_hooks.install_caller()
-        rpc_hooks.quiet_warnings()
+        quiet.hide_warnings()
         tracing.install(0, self.names[0])
         if not tp_address.pin(self.address) and tp_address.current() not in (None,
                                                                                self.address):

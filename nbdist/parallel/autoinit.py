@@ -161,7 +161,7 @@ def _run_in_new_world(func: Callable[..., Any], args: tuple, kwargs: dict,
                       rpc_backend_options: Any) -> Any:
     import torch.distributed.rpc as rpc
 
-    from ..patches import rpc_hooks, shipping, thread_states
+    from ..patches import quiet, shipping, thread_states
 
     info = get_world_info()
     tmp = None
@@ -169,7 +169,7 @@ def _run_in_new_world(func: Callable[..., Any], args: tuple, kwargs: dict,
         rpc_backend_options, tmp = _local_backend_options(info.world_size)
     shipping.install()
     thread_states.install()
-    rpc_hooks.quiet_warnings()
+    quiet.hide_warnings()
     try:
         with _loopback_only() if _world_is_local(info.world_size) else nullcontext():
             rpc.init_rpc(info.worker_name, backend=backend, rank=info.world_rank,

@@ -2,25 +2,38 @@
 
 torch logs straight to file descriptor 2, which Jupyter shows in the running cell:
 - a ``pipe closed``/``eof`` warning per peer whenever a world ends or a worker dies (nbdist
-  says itself, in words, when a worker dies);
+  says itself, in words, when a worker dies); when it ends right after distributed autograd,
+  a failed release of the autograd context on a peer already gone, and a reply not sent
+  because the agent is shutting down;
 - an error with a C++ stack trace when an RRef of an earlier, larger world is garbage-collected
   (its owner no longer exists; there is nothing to tell it).
 
 ``install()`` puts a filter thread between fd 2 and whatever fd 2 was (ipykernel's capture
 pipe, or the terminal) that drops exactly those messages and passes everything else through.
+``hide_warnings()`` does the same for torch's per-rank Python deprecation warnings (user
+warnings still show).
 """
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.machinery
 import os
 import re
+import sys
 import threading
+import warnings
+from typing import Any
 
-__all__ = ["MAX_PARTIAL", "NOISE_BLOCK", "NOISE_LINE", "filter_chunk", "filter_lines", "install",
-           "installed"]
+__all__ = ["MAX_PARTIAL", "NOISE_BLOCK", "NOISE_LINE", "WARNINGS", "filter_chunk", "filter_lines",
+           "hide_warnings", "install", "installed"]
 
-NOISE_LINE = re.compile(rb"tensorpipe_agent\.cpp.*encountered error .*(pipe closed|eof|"
-                        rb"Connection reset by peer|connection closed)")
+_PEER_GONE = rb"(pipe closed|eof|Connection reset by peer|connection closed)"
+NOISE_LINE = re.compile(
+    rb"tensorpipe_agent\.cpp.*encountered error .*" + _PEER_GONE
+    + rb"|tensorpipe_agent\.cpp.*won't send response to request #\d+ to .*as the agent is "
+      rb"shutting down"
+    + rb"|container\.cpp.*Could not release Dist Autograd Context on node \d+: " + _PEER_GONE)
 NOISE_BLOCK = re.compile(rb"Error occurred when deletingUserRRef|Detected RRef Leaks during "
                          rb"shutdown")
 # a noise block goes on while lines look like the rest of a C++ trace
@@ -98,3 +111,60 @@ def filter_chunk(buf: bytes, in_block: bool) -> tuple[bytes, bytes, bool]:
             or pending.startswith(b"frame #"))):
         return text + pending, b"", in_block  # cannot be noise (or too long to hold)
     return text, pending, in_block
+
+
+WARNINGS = (
+    r".*ProcessGroupGloo.*",
+    r".*TorchScript.*deprecat.*",
+    r".*torch\.jit\..*deprecat.*",
+    r".*`torch\.jit\.script` is deprecated.*",
+)
+
+
+def hide_warnings() -> None:
+    """Ignore torch's known per-rank deprecation warnings (user warnings still show).
+
+    The functional optimizers behind ``DistributedOptimizer`` warn inside their own
+    ``catch_warnings(); simplefilter("always")``, which no filter can reach, so that one
+    warning function is replaced by a no-op: at once if torch.distributed.optim is loaded,
+    otherwise when it is (importing it costs about a second, so nbdist does not).
+    """
+    for pattern in WARNINGS:
+        warnings.filterwarnings("ignore", message=pattern)
+    if _DEPRECATION_MODULE in sys.modules:
+        _silence_optimizer_warning()
+    elif not any(isinstance(f, _PatchOnImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _PatchOnImport())
+
+
+_DEPRECATION_MODULE = "torch.distributed.optim._deprecation_warning"
+_DEPRECATION_FUNC = "_scripted_functional_optimizer_deprecation_warning"
+
+
+def _no_warning(stacklevel: int = 0) -> None:
+    """Stands in for torch's TorchScript deprecation warning in the functional optimizers."""
+
+
+def _silence_optimizer_warning() -> None:
+    for modname, mod in list(sys.modules.items()):
+        if modname.startswith("torch.distributed.optim") and hasattr(mod, _DEPRECATION_FUNC):
+            setattr(mod, _DEPRECATION_FUNC, _no_warning)
+
+
+class _PatchOnImport(importlib.abc.MetaPathFinder):
+    """Replaces the deprecation function as its module loads, before anyone imports it."""
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != _DEPRECATION_MODULE:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None:
+            return spec
+        run = spec.loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            run(module)
+            setattr(module, _DEPRECATION_FUNC, _no_warning)
+
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec

@@ -8,7 +8,6 @@
   function returned, and no interrupt meant for one RPC reaches the next one its thread runs.
 - ``reset_world_state`` clears the per-process counters that make a second ``init_rpc`` in one
   process hang (see anchors: ``_init_counter`` and the ``_all_gather`` sequence ids).
-- ``quiet_warnings`` hides torch's per-rank deprecation noise, nothing else.
 
 These touch private torch names; ``tests/test_torch_pins.py`` fails loudly if a torch upgrade
 moves them.
@@ -18,30 +17,26 @@ from __future__ import annotations
 
 import collections
 import ctypes
-import importlib.abc
-import importlib.machinery
 import re
 import sys
 import threading
 import time
 import traceback
-import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from . import torch_private
 from .thread_states import pin
 
 __all__ = [
-    "install_caller",
+    "WorldHooks",
+    "attach",
+    "detach",
     "install_callee",
-    "last_failed_destination",
+    "install_caller",
     "interrupt_rpc_threads",
-    "quiet_warnings",
+    "last_failed_destination",
     "reset_world_state",
-    "set_after_reply",
-    "set_death_check",
-    "set_locator",
     "set_on_failure",
     "wait_future",
 ]
@@ -52,79 +47,43 @@ __all__ = [
 _active_lock = threading.RLock()
 _active: dict[int, set[object]] = {}
 _hit: set[int] = set()  # threads an interrupt was injected into that have not dropped it yet
-_death_check: Callable[[Any], None] | None = None
 _after_call: Callable[[], None] | None = None
-_on_interrupt: Callable[[Any, Any], None] | None = None
-_after_reply: Callable[[Any], None] | None = None
 _on_failure: Callable[[BaseException, Any], None] | None = None
-_locator: Callable[[Any], str | None] | None = None
 _last_failed: Any = None  # destination of the last rpc_sync that raised
 _caller_installed = False
 _callee_installed = False
 
-NOISE = (
-    r".*ProcessGroupGloo.*",
-    r".*TorchScript.*deprecat.*",
-    r".*torch\.jit\..*deprecat.*",
-    r".*`torch\.jit\.script` is deprecated.*",
-)
+class WorldHooks(Protocol):
+    """What rank 0's RPC calls ask of the world they run in (``dest``: a rank, name or
+    WorkerInfo). A lower layer cannot import the cluster, so the world attaches itself."""
+
+    def check_dest(self, dest: Any) -> None:
+        """Raise when ``dest`` is known dead (called often while an RPC is waited for)."""
+
+    def interrupted(self, dest: Any, fut: Any = None) -> None:
+        """Ctrl-C stopped the wait for ``fut`` on ``dest``."""
+
+    def replied(self, dest: Any) -> None:
+        """An ``rpc_sync`` to ``dest`` returned or raised; its caller goes on after this."""
+
+    def locate(self, dest: Any) -> str | None:
+        """``rank 3 (worker3) on node2`` for a destination on another host, else None."""
 
 
-def quiet_warnings() -> None:
-    """Ignore torch's known per-rank deprecation warnings (user warnings still show).
+class _Attached:
+    """The world rank 0's RPC calls run in now (one slot, swapped whole)."""
 
-    The functional optimizers behind ``DistributedOptimizer`` warn inside their own
-    ``catch_warnings(); simplefilter("always")``, which no filter can reach, so that one
-    warning function is replaced by a no-op: at once if torch.distributed.optim is loaded,
-    otherwise when it is (importing it costs about a second, so nbdist does not).
-    """
-    for pattern in NOISE:
-        warnings.filterwarnings("ignore", message=pattern)
-    if _DEPRECATION_MODULE in sys.modules:
-        _silence_optimizer_warning()
-    elif not any(isinstance(f, _PatchOnImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _PatchOnImport())
+    world: WorldHooks | None = None
 
 
-_DEPRECATION_MODULE = "torch.distributed.optim._deprecation_warning"
-_DEPRECATION_FUNC = "_scripted_functional_optimizer_deprecation_warning"
+def attach(world: WorldHooks) -> None:
+    """From now on rank 0's RPC calls consult ``world`` (until ``detach``)."""
+    _Attached.world = world
 
 
-def _no_warning(stacklevel: int = 0) -> None:
-    """Stands in for torch's TorchScript deprecation warning in the functional optimizers."""
-
-
-def _silence_optimizer_warning() -> None:
-    for modname, mod in list(sys.modules.items()):
-        if modname.startswith("torch.distributed.optim") and hasattr(mod, _DEPRECATION_FUNC):
-            setattr(mod, _DEPRECATION_FUNC, _no_warning)
-
-
-class _PatchOnImport(importlib.abc.MetaPathFinder):
-    """Replaces the deprecation function as its module loads, before anyone imports it."""
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname != _DEPRECATION_MODULE:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None or spec.loader is None:
-            return spec
-        run = spec.loader.exec_module
-
-        def exec_module(module: Any) -> None:
-            run(module)
-            setattr(module, _DEPRECATION_FUNC, _no_warning)
-
-        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
-        return spec
-
-
-def set_death_check(check: Callable[[Any], None] | None,
-                    on_interrupt: Callable[[Any, Any], None] | None = None) -> None:
-    """``check(dest)`` raises when ``dest`` (name, rank or WorkerInfo) is known dead;
-    ``on_interrupt(dest, fut)`` is told when Ctrl-C stops the wait for ``fut`` on ``dest``."""
-    global _death_check, _on_interrupt
-    _death_check, _on_interrupt = check, on_interrupt
+def detach() -> None:
+    """No world: RPC calls wait as torch's own do (interruptibly) and consult nothing."""
+    _Attached.world = None
 
 
 def last_failed_destination() -> Any:
@@ -137,13 +96,6 @@ def set_on_failure(hook: Callable[[BaseException, Any], None] | None) -> None:
     (the worker keeps the last one for post-mortem debugging)."""
     global _on_failure
     _on_failure = hook
-
-
-def set_after_reply(hook: Callable[[Any], None] | None) -> None:
-    """``hook(dest)`` runs when an ``rpc_sync`` to ``dest`` returned or raised, before its
-    caller goes on (the notebook shows the destination's output first)."""
-    global _after_reply
-    _after_reply = hook
 
 
 def wait_future(fut: Any, dest: Any = None, poll: float = 0.1) -> Any:
@@ -164,13 +116,13 @@ def wait_future(fut: Any, dest: Any = None, poll: float = 0.1) -> Any:
             pin()
 
         fut.add_done_callback(opened)
-        check = _death_check
-        if check is not None and dest is not None:
-            check(dest)  # now too: the notebook attends a breakpoint the RPC hits at once
+        world = _Attached.world
+        if world is not None and dest is not None:
+            world.check_dest(dest)  # now too: the notebook attends a breakpoint hit at once
         while not gate.acquire(timeout=poll):
-            check = _death_check
-            if check is not None and dest is not None:
-                check(dest)
+            world = _Attached.world
+            if world is not None and dest is not None:
+                world.check_dest(dest)
     except KeyboardInterrupt:
         _tell_interrupted(dest, fut)
         raise
@@ -183,24 +135,24 @@ def wait_future(fut: Any, dest: Any = None, poll: float = 0.1) -> Any:
 
 
 def _tell_interrupted(dest: Any, fut: Any = None) -> None:
-    """Run the ``on_interrupt`` hook once to its end, even if Ctrl-C is pressed again meanwhile
-    (the caller raises KeyboardInterrupt anyway; a hook cut short would leave remote work on)."""
-    hook = _on_interrupt
-    if hook is None or dest is None:
+    """Tell the world once, to the end, even if Ctrl-C is pressed again meanwhile (the caller
+    raises KeyboardInterrupt anyway; a hook cut short would leave remote work on)."""
+    world = _Attached.world
+    if world is None or dest is None:
         return
     for _ in range(3):
         try:
-            hook(dest, fut)
+            world.interrupted(dest, fut)
             return
         except KeyboardInterrupt:
             continue
 
 
 def _tell_replied(dest: Any) -> None:
-    """Run the ``after_reply`` hook (it keeps its own short deadline)."""
-    hook = _after_reply
-    if hook is not None:
-        hook(dest)
+    """Tell the world an RPC to ``dest`` ended (it keeps its own short deadline)."""
+    world = _Attached.world
+    if world is not None:
+        world.replied(dest)
 
 
 _MISSING = re.compile(r"ModuleNotFoundError: No module named '([^']+)'")
@@ -208,7 +160,8 @@ _MISSING = re.compile(r"ModuleNotFoundError: No module named '([^']+)'")
 
 def _explain_missing_module(exc: BaseException, dest: Any) -> None:
     """A module the destination cannot import, on another host: say which module and host."""
-    where = _locator(dest) if _locator is not None and dest is not None else None
+    world = _Attached.world
+    where = world.locate(dest) if world is not None and dest is not None else None
     found = _MISSING.search(str(exc))
     if where and found:
         raise ModuleNotFoundError(
@@ -217,25 +170,18 @@ def _explain_missing_module(exc: BaseException, dest: Any) -> None:
             "the host's Python finds it (a shared filesystem)", name=found.group(1)) from exc
 
 
-def set_locator(hook: Callable[[Any], str | None] | None) -> None:
-    """``hook(dest)`` names a destination on another host ("rank 3 (worker3) on node2"), or
-    returns None for a local one; errors from remote hosts use it."""
-    global _locator
-    _locator = hook
-
-
 _TRANSPORT = ("eof", "pipe closed", "connection reset", "connection closed", "broken pipe")
 
 
 def _explain_transport_error(exc: BaseException, dest: Any, grace: float = 2.0) -> None:
     """A connection error from a peer that has died becomes a WorkerDiedError naming it."""
-    check = _death_check
-    if check is None or dest is None or not any(t in str(exc).lower() for t in _TRANSPORT):
+    world = _Attached.world
+    if world is None or dest is None or not any(t in str(exc).lower() for t in _TRANSPORT):
         return
     give_up = time.monotonic() + grace  # the exit status follows the closed pipe closely
     while time.monotonic() < give_up:
         try:
-            check(dest)
+            world.check_dest(dest)
         except Exception as died:
             raise died from exc
         time.sleep(0.02)

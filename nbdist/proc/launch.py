@@ -14,13 +14,24 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Protocol, runtime_checkable
 
 from ..errors import DistTimeoutError, StartError
 from .channel import Channel
 from .protocol import Exit, Exited, Kill, Message, ProtocolError, Spawn, Spawned, TemplateReady
 
-__all__ = ["Template", "describe_exit"]
+__all__ = ["IMPORT_TIME_ENV", "Launcher", "Template", "describe_exit", "import_time_env"]
+
+#: Prefixes of environment variables that torch, OpenMP or a BLAS read when torch is imported
+#: (``TORCH_LOGS``, ``OMP_NUM_THREADS``, ...): workers forked from a template share its import,
+#: so a template started before one of them changed must be started again.
+IMPORT_TIME_ENV = ("TORCH_", "PYTORCH_", "OMP_", "KMP_", "MKL_", "OPENBLAS_", "GLOG_")
+
+
+def import_time_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The variables of ``env`` that count at ``import torch`` (``IMPORT_TIME_ENV``)."""
+    return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME_ENV)}
 
 
 def describe_exit(code: int | None) -> str:
@@ -38,6 +49,34 @@ def describe_exit(code: int | None) -> str:
     return f"exited with code {code}"
 
 
+@runtime_checkable
+class Launcher(Protocol):
+    """What forks a world's workers and watches them, seen from the notebook: ``Template`` on
+    this machine, ``hosts.HostAgent`` on another (as jupyter_client's kernel provisioners sit
+    behind one interface). ``on_exit(pid, code)`` is told of each worker it reaped."""
+
+    on_exit: Callable[[int, int], None] | None
+
+    @property
+    def pid(self) -> int | None:
+        """The launcher's own process, while it runs."""
+
+    def alive(self) -> bool:
+        """Whether it runs and answers (a dead launcher's workers are dead too)."""
+
+    def wait_ready(self, deadline: float) -> None:
+        """Return once it can fork; raise ``StartError``/``DistTimeoutError`` otherwise."""
+
+    def spawn(self, configs: list[dict], deadline: float) -> dict[int, int]:
+        """Fork one worker per config (``cluster.startup.worker_config``); rank -> pid."""
+
+    def kill(self, pids: list[int], sig: int = signal.SIGKILL) -> None:
+        """Signal workers it forked and has not reaped (never a reused pid)."""
+
+    def close(self, timeout: float = 5.0) -> None:
+        """End it and with it every worker it forked."""
+
+
 class Template:
     """Client side of one warm template process."""
 
@@ -50,6 +89,7 @@ class Template:
         self._reader: threading.Thread | None = None
         self._ready = threading.Event()
         self._spawn_cv = threading.Condition()
+        self.started_env: dict[str, str] = {}  # import_time_env of the running template
 
     # -- life cycle -------------------------------------------------------------------------
     def alive(self) -> bool:
@@ -63,6 +103,7 @@ class Template:
         ours, theirs = socket.socketpair()
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        self.started_env = import_time_env(env)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "nbdist.proc.template", str(theirs.fileno()), self.runtime_dir],
             pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -74,6 +115,15 @@ class Template:
         self._reader = threading.Thread(target=self._read_loop, args=(self.conn, self.proc),
                                         name="nbdist-template-reader", daemon=True)
         self._reader.start()
+
+    def env_changed(self) -> list[str]:
+        """Import-time variables (``IMPORT_TIME_ENV``) that differ in this process's
+        environment now from the one the running template imported torch with."""
+        if not self.alive():
+            return []
+        now = import_time_env(os.environ)
+        return sorted(k for k in now.keys() | self.started_env.keys()
+                      if now.get(k) != self.started_env.get(k))
 
     def wait_ready(self, deadline: float) -> None:
         while not self._ready.wait(0.05):

@@ -28,6 +28,8 @@ import types
 from collections.abc import Callable
 from typing import Any
 
+from ..errors import safe_str
+from ..table import human_bytes
 from .protocol import ClearOutput, DisplayChunk, DisplayData, Message, Result, encode
 
 __all__ = ["LIMIT", "MPL_INLINE", "bind", "main_module", "preload", "run_cell"]
@@ -201,7 +203,7 @@ def run_cell(code: str, filename: str, exec_id: int) -> Result:
     if err is not None:
         tb = _from_cell(err, filename)
         sys.last_type, sys.last_value, sys.last_traceback = type(err), err, tb  # %dist_debug
-        return Result(_rank, exec_id, "error", None, type(err).__name__, _safe_str(err),
+        return Result(_rank, exec_id, "error", None, type(err).__name__, safe_str(err),
                       "".join(traceback.format_exception(type(err), err, tb)))
     if value is _NOTHING:
         return Result(_rank, exec_id, "ok")
@@ -368,7 +370,7 @@ def _publish(data: dict, metadata: dict | None, display_id: str | None, update: 
                                 "what the workers return)")
     size = sum(len(v) if isinstance(v, str) else len(repr(v)) for v in bundle.values())
     if size > LIMIT:
-        bundle = {"text/plain": f"nbdist: a display of {_size(size)} from rank {_rank} "
+        bundle = {"text/plain": f"nbdist: a display of {human_bytes(size)} from rank {_rank} "
                                 f"({_name}) was not shown (limit {LIMIT / 2**20:g} MB; "
                                 "NBDIST_DISPLAY_MB sets it)"}
         metadata = {}
@@ -398,10 +400,6 @@ def _deliver_pieces(msg: DisplayData) -> None:
             _send(DisplayChunk(_rank, bundle, i, total, bytes(view[i * CHUNK:(i + 1) * CHUNK])))
         except OSError:  # blocked or closed: the notebook drops the unfinished display
             return
-
-
-def _size(n: int) -> str:
-    return f"{n / 2**20:.1f} MB" if n >= 2**20 else f"{n / 1024:.0f} KB"
 
 
 def _wire(value: Any) -> Any:
@@ -451,10 +449,3 @@ def _safe_repr(value: object) -> str:
         return repr(value)
     except Exception as exc:  # noqa: BLE001 - a broken __repr__ must not kill the worker
         return f"<{type(value).__name__} object; repr() failed: {exc!r}>"
-
-
-def _safe_str(exc: BaseException) -> str:
-    try:
-        return str(exc)
-    except Exception:  # noqa: BLE001
-        return f"<{type(exc).__name__}; str() failed>"

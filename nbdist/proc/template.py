@@ -42,11 +42,11 @@ def preload() -> None:
     import torch.distributed.autograd  # noqa: F401
     import torch.distributed.rpc  # noqa: F401
 
-    from ..patches import rpc_hooks, rref_reset, shipping, torch_private  # noqa: F401
+    from ..patches import quiet, rpc_hooks, rref_reset, shipping, torch_private  # noqa: F401
     from ..telemetry import records, tracing  # noqa: F401
     from . import shell, worker  # noqa: F401
 
-    rpc_hooks.quiet_warnings()  # children inherit the import hook
+    quiet.hide_warnings()  # children inherit the import hook
     rref_reset.available()  # parses libtorch's symbol table once; children inherit the result
     torch_private.problems()  # every private name looked up once, here, not in each worker
     shell.preload()  # each worker's IPython shell, made once (~30 ms) before any fork

@@ -18,7 +18,8 @@ import traceback
 from datetime import timedelta
 from typing import Any
 
-from ..patches import rpc_hooks, shipping, thread_states
+from ..errors import safe_str
+from ..patches import quiet, rpc_hooks, shipping, thread_states
 from . import shell
 from .channel import Channel, ChannelBlocked, connect
 from .debugger import Debugger
@@ -98,7 +99,7 @@ def run_forked(cfg: dict) -> None:
         _join_world(cfg)
         from ..telemetry import records, tracing
 
-        records._start_worker_flusher(_metrics_outbox, _rank, cfg["name"])
+        records.start_worker_flusher(_metrics_outbox, _rank, cfg["name"])
         tracing.arm(_rank, cfg["name"])
         _channel.send(Ready(_rank, os.getpid()))
         _serve(main.__dict__)
@@ -158,7 +159,7 @@ def _setup_output(cfg: dict) -> None:
     import warnings
 
     warnings.simplefilter("default")  # show warnings like a notebook would...
-    rpc_hooks.quiet_warnings()  # ...but not torch's per-rank deprecation noise
+    quiet.hide_warnings()  # ...but not torch's per-rank deprecation noise
 
 
 def _setup_debugger(cfg: dict) -> None:
@@ -269,8 +270,8 @@ def _post_mortem(exec_id: int) -> Result:
     try:
         _debugger.post_mortem()
     except Exception as exc:  # noqa: BLE001 - reported to the notebook
-        return Result(_rank, exec_id, "error", None, type(exc).__name__, _safe_str(exc),
-                      f"{type(exc).__name__}: {_safe_str(exc)}\n")
+        return Result(_rank, exec_id, "error", None, type(exc).__name__, safe_str(exc),
+                      f"{type(exc).__name__}: {safe_str(exc)}\n")
     return Result(_rank, exec_id, "ok")
 
 
@@ -328,12 +329,5 @@ def _run_cell(ns: dict, code: str, filename: str, exec_id: int) -> Result:
         finally:
             _executing = False
     except BaseException as exc:  # noqa: BLE001 - Ctrl-C just after the shell returned
-        return Result(_rank, exec_id, "error", None, type(exc).__name__, _safe_str(exc),
-                      f"{type(exc).__name__}: {_safe_str(exc)}\n")
-
-
-def _safe_str(exc: BaseException) -> str:
-    try:
-        return str(exc)
-    except Exception:  # noqa: BLE001
-        return f"<{type(exc).__name__}; str() failed>"
+        return Result(_rank, exec_id, "error", None, type(exc).__name__, safe_str(exc),
+                      f"{type(exc).__name__}: {safe_str(exc)}\n")

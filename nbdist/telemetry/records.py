@@ -22,7 +22,7 @@ or all ints, a list otherwise): about 40 bytes a record of one float. Subscriber
 (``subscribe``) are called with each delivered batch as record dicts.
 
 Batches also carry *internal* records (a ``"__nbdist__"`` key: RPC traces, benchmark timings);
-``_deliver`` hands those to their handler (``register_internal``) and never puts them in the
+``deliver`` hands those to their handler (``register_internal``) and never puts them in the
 history.
 """
 
@@ -42,6 +42,7 @@ __all__ = [
     "Opaque",
     "Table",
     "clear_history",
+    "deliver",
     "export_history",
     "flush_worker",
     "follow",
@@ -49,10 +50,14 @@ __all__ = [
     "generation",
     "history",
     "history_frame",
+    "identity",
+    "is_worker",
     "log",
     "record_count",
     "register_internal",
     "send_internal",
+    "set_identity",
+    "start_worker_flusher",
     "subscribe",
     "unsubscribe",
 ]
@@ -66,9 +71,7 @@ REPR_CHARS = 200  # an Opaque's repr is cut to this length
 
 _lock = threading.Lock()
 _subscribers: list[Callable[[list[dict]], None]] = []
-_internal: dict[str, Callable[[dict], None]] = {}
-# internal record kinds and the module that registers a handler for them when imported
-_PROVIDERS = {"trace": "nbdist.telemetry.tracing", "timing": "nbdist.telemetry.timing"}
+_internal: dict[str, Callable[[dict], None]] = {}  # kind -> handler (register_internal)
 _rank = 0
 _name = "worker0"
 _generation = 0  # bumped by clear_history, so displays know to start over
@@ -286,7 +289,7 @@ def log(step: int | None = None, **values: Any) -> None:
             _wait_for_room()
         _append((step, _now(), values))  # the kwargs dict is ours: no copy
     else:
-        _deliver([_record(_rank, _name, step, _now(), values)])
+        deliver([_record(_rank, _name, step, _now(), values)])
 
 
 def _wait_for_room() -> None:
@@ -335,7 +338,7 @@ def _unwrap(values: dict) -> dict:
     return values
 
 
-def _deliver(records: Any) -> None:
+def deliver(records: Any) -> None:
     """Rank 0: add records to the history and tell the subscribers (internal records aside).
 
     ``records`` is a list of record dicts (internal ones, if any, at its end), or a worker's
@@ -399,13 +402,9 @@ def _store(rank: int | None, name: str | None, rows: list) -> None:
 
 
 def _handler(kind: str) -> Callable[[dict], None] | None:
-    handler = _internal.get(kind)
-    if handler is None and kind in _PROVIDERS:
-        import importlib
-
-        importlib.import_module(_PROVIDERS[kind])  # registers itself on import
-        handler = _internal.get(kind)
-    return handler
+    """The handler registered for ``kind`` (tracing and timing register theirs when imported;
+    rank 0's receiver imports both)."""
+    return _internal.get(kind)
 
 
 def register_internal(kind: str, handler: Callable[[dict], None] | None,
@@ -427,19 +426,31 @@ def send_internal(kind: str, **fields: Any) -> None:
     if _worker:
         _pending_internal.append(rec)
     else:
-        _deliver([rec])
+        deliver([rec])
 
 
-def _set_identity(rank: int, name: str) -> None:
+def identity() -> tuple[int, str]:
+    """``(rank, name)`` of this process, as the records it logs carry them."""
+    return _rank, _name
+
+
+def is_worker() -> bool:
+    """Whether this process is a worker rank (its records go to the notebook)."""
+    return _worker
+
+
+def set_identity(rank: int, name: str) -> None:
     """This process is ``rank`` called ``name`` (rank 0: called when its world is ready)."""
     global _rank, _name
     _rank, _name = rank, name
 
 
-def _start_worker_flusher(channel: Any, rank: int, name: str) -> None:
+def start_worker_flusher(channel: Any, rank: int, name: str) -> None:
+    """Worker: this process is ``rank``; from now on ``log`` queues records and a thread sends
+    them through ``channel`` every 50 ms."""
     global _worker
     _worker = True
-    _set_identity(rank, name)
+    set_identity(rank, name)
     threading.Thread(target=_flush_loop, args=(channel, rank), daemon=True,
                      name="nbdist-metrics").start()
 

@@ -35,7 +35,7 @@ def record_timing(observers: int, mode: str, seconds: float) -> None:
     if not isinstance(mode, str) or not mode:
         raise ValueError(f"record_timing: mode must be a name such as 'batch', got {mode!r}")
     row = {"observers": observers, "mode": mode, "seconds": float(seconds), "time": time.time(),
-           "rank": records._rank}
+           "rank": records.identity()[0]}
     records.send_internal("timing", row=row)
 
 

@@ -50,7 +50,7 @@ from typing import Any
 from ..envflag import switched_on
 from ..patches import torch_private
 from ..patches.thread_states import pin
-from ..table import html_table, text_table
+from ..table import html_table, human_bytes, text_table
 from . import records
 
 __all__ = [
@@ -438,7 +438,7 @@ def _fold() -> None:
 
     A worker's flusher ships its calls every 50 ms instead (``_ship``).
     """
-    if not records._worker:
+    if not records.is_worker():
         _drain_local()
 
 
@@ -545,7 +545,7 @@ class RpcStats:
 
     def _cells(self, r: dict) -> list[str]:
         return [r["caller"], r["callee"], r["function"], str(r["count"]), f"{r['p50_ms']:.3f}",
-                f"{r['p95_ms']:.3f}", f"{r['max_ms']:.3f}", _human_bytes(r["bytes"])]
+                f"{r['p95_ms']:.3f}", f"{r['max_ms']:.3f}", human_bytes(r["bytes"])]
 
     def __str__(self) -> str:
         if not self.rows:
@@ -561,9 +561,3 @@ class RpcStats:
                           [self._cells(r) for r in self.rows])
 
 
-def _human_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GB"

@@ -1,0 +1,318 @@
+"""One world's processes from start to teardown: the part of a ``Cluster`` that is not facade.
+
+``World.start`` runs the start sequence (join agents, rendezvous store, control listener,
+forks, rank 0's ``init_rpc``, readiness) and attaches the world to rank 0's RPC calls
+(``rpc_hooks.attach``); ``World.teardown`` undoes all of it, escalating from a ``Stop``
+message to SIGKILL through each rank's launcher. Between the two it hears of workers'
+deaths and of lost hosts. It shares the ranks, their condition, the router, the cells and the
+receiver with the ``Cluster`` that made it.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import DistTimeoutError, StartError, WorkerDiedError
+from ..patches import rpc_hooks
+from ..proc import netif
+from ..proc.channel import Listener
+from ..proc.hosts import HostAgent, launcher_argv, start_agents
+from ..proc.launch import Launcher
+from ..proc.protocol import Stop
+from ..proc.runtime import pid_alive
+from ..spec import WorldSpec
+from ..telemetry import records, tracing
+from .cells import Cells
+from .followup import FollowUps
+from .ranks import ClusterState, RankInfo
+from .receiver import Receiver
+from .router import Router
+from .session import SESSION
+from .startup import Rank0, StartWatch, worker_config
+
+__all__ = ["World"]
+
+
+class World:
+    """A world's processes and connections; satisfies ``rpc_hooks.WorldHooks`` while running.
+
+    ``on_up`` is called once every worker is connected, before rank 0 joins the RPC world
+    (from then on the world is the process's current one); ``on_down`` when it has stopped.
+    """
+
+    def __init__(self, spec: WorldSpec, names: list[str], ranks: dict[int, RankInfo],
+                 cv: threading.Condition, router: Router, cells: Cells, receiver: Receiver,
+                 epoch: int, on_up: Callable[[], None], on_down: Callable[[], None]) -> None:
+        self.spec, self.names, self.ranks, self.cv = spec, names, ranks, cv
+        self.router, self.cells, self.receiver, self.epoch = router, cells, receiver, epoch
+        self._on_up, self._on_down = on_up, on_down
+        self._by_name = {nm: r for r, nm in enumerate(names)}
+        self.state = ClusterState.NEW
+        self.startup_seconds = 0.0
+        self.iface: netif.Interface | None = None
+        self.world_dir: str | None = None
+        self.listener: Listener | None = None
+        self.rank0: Rank0 | None = None
+        self.agents: dict[str, HostAgent] = {}  # host -> its join agent
+        self.store: Any = None  # a host world's rendezvous StoreServer
+        self.followups = FollowUps(cells.interrupt_rpc)
+
+    @property
+    def running(self) -> bool:
+        return self.state is ClusterState.RUNNING
+
+    # ------------------------------------------------------------------ start
+    def check(self) -> None:
+        """Bad ``--iface`` or ``--launcher``: ValueError before anything starts."""
+        if self.spec.hosts:
+            self.iface = netif.resolve(self.spec.iface)
+            launcher_argv(self.spec.launcher, "host", [sys.executable])
+
+    def start(self, quiet: bool) -> None:
+        """Start every rank and join them as rank 0; on any failure, tear down and raise."""
+        self.state.require(ClusterState.NEW, doing="start")
+        self.state = ClusterState.STARTING
+        t0 = time.monotonic()
+        spec, iface = self.spec, self.iface
+        watch = StartWatch(self.ranks, t0 + spec.start_timeout, spec.start_timeout, self.cv)
+        template = SESSION.get_template()
+        if spec.n:
+            changed = template.env_changed()
+            if changed:  # its torch was imported under the old values: workers must see these
+                template.close()
+                if not quiet:
+                    print(f"nbdist: {', '.join(changed)} changed since the worker template "
+                          "imported torch; starting a fresh template (one `import torch`)")
+            template.ensure_started()  # imports torch in parallel with us
+        import torch.distributed.rpc as rpc
+
+        if not rpc.is_available():
+            raise StartError("this torch build has no torch.distributed.rpc; install a build "
+                             "with distributed support")
+        try:
+            self.world_dir = tempfile.mkdtemp(prefix="w", dir=SESSION.runtime())
+            self.router.keep_logs_in(os.path.join(self.world_dir, "logs"))
+            key = os.urandom(32)
+            store_address = None
+            if iface is not None:
+                self._start_agents(iface, watch)
+                self.listener = Listener((iface.address, 0), key)
+                from ..proc.store import MemoryStore, StoreServer
+
+                self.store = StoreServer(MemoryStore(spec.start_timeout), (iface.address, 0),
+                                         key)
+                store_address = self.store.address
+            else:
+                self.listener = Listener(os.path.join(self.world_dir, "ctl"), key)
+            template.on_exit = self.on_exit
+            configs = [worker_config(spec, self.names, r, self.world_dir, self.listener.path,
+                                     key, self.epoch, store=store_address,
+                                     ifname=iface.name if iface else "lo")
+                       for r in range(1, spec.world_size)]
+            self.ranks[0].pid = os.getpid()
+            self.ranks[0].ready = True
+            self._spawn_all(template, configs, watch)
+            watch.accept_all(self.listener)
+            self.listener.close()  # every rank is in: nothing listens for the rest of the world
+            self.receiver.start()
+            self._on_up()
+            rpc_hooks.attach(self)
+            self.rank0 = Rank0(spec, self.names, self.world_dir, self.epoch,
+                               store=self.store.store if self.store else None, iface=iface)
+            SESSION.settle_joiner(watch.deadline)
+            self.rank0.join(watch)
+            watch.wait_ready()
+            watch.ping_all()
+        except BaseException as exc:
+            self.teardown()
+            if isinstance(exc, (StartError, DistTimeoutError, KeyboardInterrupt)):
+                raise
+            raise StartError(f"could not start the world: {exc}") from exc
+        self.state = ClusterState.RUNNING
+        self.startup_seconds = time.monotonic() - t0
+        records.set_identity(0, self.names[0])
+        tracing.arm(0, self.names[0])
+        tracing.set_peers(self.live_worker_names)
+        if not quiet:
+            print(f"nbdist: {spec.world_size} ranks ready in {self.startup_seconds:.2f}s: "
+                  + ", ".join(f"{r}={nm}" for r, nm in enumerate(self.names)))
+
+    def _start_agents(self, iface: netif.Interface, watch: StartWatch) -> None:
+        """The join agent of every host is running (launched now if it is not)."""
+        agents = SESSION.agents_for(self.spec, iface)
+        for agent in agents:
+            agent.on_exit = functools.partial(self.on_exit, host=agent.host)
+            agent.on_lost = self.on_host_lost
+            self.agents[agent.host] = agent
+        start_agents(agents, SESSION.agent_key, watch.deadline)
+        if not SESSION.warned_data_plane:
+            SESSION.warned_data_plane = True
+            Router.write("stderr", f"nbdist: this world's RPC and Gloo ports on {iface.name} "
+                                   f"({iface.address}) and on the hosts accept unauthenticated "
+                                   "connections (torch's TensorPipe and Gloo have no "
+                                   "authentication): use a private network or a tunnel "
+                                   "(README: More than one machine)\n")
+
+    def _spawn_all(self, template: Launcher, configs: list[dict], watch: StartWatch) -> None:
+        """Fork each rank where it lives: here through the template, elsewhere through its
+        host's agent (all asked first, then all waited for)."""
+        by_host: dict[str | None, list[dict]] = {}
+        for cfg in configs:
+            by_host.setdefault(cfg["host"], []).append(cfg)
+        if None in by_host:
+            template.wait_ready(watch.deadline)
+        for host, cfgs in by_host.items():
+            launcher: Launcher = template if host is None else self.agents[host]
+            for rank, pid in launcher.spawn(cfgs, watch.deadline).items():
+                self.ranks[rank].pid = pid
+
+    # ------------------------------------------------------------------ worker lives
+    def on_host_lost(self, host: str, why: str) -> None:
+        """A host's agent went away or silent (its reader thread): its ranks are gone."""
+        lost = []
+        with self.cv:
+            for info in self.ranks.values():
+                if info.host == host and info.alive:
+                    info.lost, info.exit_code = why, -signal.SIGKILL
+                    lost.append(info.rank)
+            self.cv.notify_all()
+        if lost and self.running:
+            Router.write("stderr", f"nbdist: host {host} lost ({why}): rank"
+                                   f"{'s' if len(lost) > 1 else ''} "
+                                   f"{', '.join(map(str, lost))} gone; `%dist_restart` "
+                                   "relaunches it\n")
+
+    def on_exit(self, pid: int, code: int, host: str | None = None) -> None:
+        """The template (or a host's agent) reaped a worker (called from its reader thread)."""
+        for info in self.ranks.values():
+            if info.pid == pid and info.rank != 0 and info.host == host:
+                with self.cv:
+                    info.exit_code = code
+                    self.cv.notify_all()
+                if self.running:
+                    self.router.flush(info.rank)
+                    Router.write("stderr", f"nbdist: {info.label()} {info.reason()}\n")
+                return
+
+    # ------------------------------------------------------------------ rpc_hooks.WorldHooks
+    def check_dest(self, dest: Any) -> None:
+        """Called often while an RPC is waited for: serve worker debuggers; raise if ``dest``
+        is a dead rank of this world."""
+        self.cells.desk.serve()
+        rank = self.rank_of(dest)
+        if rank is not None:
+            info = self.ranks[rank]
+            if info.exit_code is not None:
+                raise WorkerDiedError(rank, info.name, info.reason(), "an RPC waited on it")
+
+    def interrupted(self, dest: Any, fut: Any = None) -> None:
+        """Ctrl-C stopped the wait for ``fut`` on ``dest``: interrupt the RPC work running
+        there too, and again while ``fut`` is not done (the call may not have started)."""
+        rank = self.rank_of(dest)
+        if rank:
+            self.cells.interrupt([rank])
+            self.followups.add(rank, fut)
+
+    def replied(self, dest: Any) -> None:
+        """An RPC to ``dest`` returned: show what it printed before the caller goes on."""
+        rank = self.rank_of(dest)
+        if rank:
+            self.receiver.caught_up(rank, timeout=0.5)
+
+    def locate(self, dest: Any) -> str | None:
+        """``rank 3 (worker3) on node2`` for a rank on another host, else None."""
+        rank = self.rank_of(dest)
+        info = self.ranks.get(rank) if rank is not None else None
+        return info.label() if info is not None and info.host else None
+
+    def rank_of(self, dest: Any) -> int | None:
+        """The rank ``dest`` (a rank, name or WorkerInfo) names in this world, or None."""
+        if isinstance(dest, int):
+            return dest if dest in self.ranks else None
+        return self._by_name.get(getattr(dest, "name", dest))
+
+    def live_worker_names(self) -> list[str]:
+        return [i.name for r, i in self.ranks.items() if r and i.alive] if self.running else []
+
+    # ------------------------------------------------------------------ teardown
+    def teardown(self, timeout: float = 5.0) -> None:
+        """Stop every worker, leave rank 0's RPC ready for a new world, free what was made."""
+        if self.state in (ClusterState.STOPPING, ClusterState.STOPPED):
+            return
+        self.state = ClusterState.STOPPING
+        try:
+            self.router.muted = True
+            rpc_hooks.detach()
+            tracing.set_peers(None)
+            self.followups.stop()
+            if self.rank0 is not None:  # first, so rank 0's agent does not complain
+                self.rank0.leave()
+                if self.rank0.joiner is not None:
+                    SESSION.joiner = self.rank0.joiner
+            self._stop_workers(timeout)
+            for info in self.ranks.values():
+                chan, info.channel = info.channel, None
+                if chan is not None:
+                    chan.close(timeout=0.5)
+            self.receiver.stop()
+            self.router.close()
+            if self.listener is not None:
+                self.listener.close()
+            if self.store is not None:
+                self.store.close()
+            if self.world_dir is not None:
+                shutil.rmtree(self.world_dir, ignore_errors=True)
+        finally:
+            self.state = ClusterState.STOPPED
+            self._on_down()
+
+    def _stop_workers(self, timeout: float) -> None:
+        """Ask each worker to stop; SIGKILL (through its template or agent) at half the
+        timeout."""
+        workers = [i for r, i in self.ranks.items() if r and i.alive]
+        for info in workers:
+            if info.channel is not None:
+                try:
+                    info.channel.send(Stop())
+                except OSError:
+                    pass
+        deadline = time.monotonic() + timeout
+        killed = False
+        with self.cv:
+            while any(i.alive for i in workers):
+                now = time.monotonic()
+                for info in workers:
+                    launcher = self._launcher_of(info)
+                    if info.alive and (launcher is None or not launcher.alive()):
+                        # no one will report its exit: its launcher's death killed it
+                        # (PR_SET_PDEATHSIG here; an agent kills its ranks when it ends)
+                        if info.host is not None or not pid_alive(info.pid):  # type: ignore
+                            info.exit_code = -signal.SIGKILL
+                if not killed and now > deadline - timeout / 2:
+                    killed = True
+                    for launcher, pids in self._pids_by_launcher(workers).items():
+                        launcher.kill(pids, signal.SIGKILL)
+                if now > deadline:
+                    break
+                self.cv.wait(0.02)
+
+    def _launcher_of(self, info: RankInfo) -> Launcher | None:
+        """The template or agent that forked ``info``'s process (None if it is gone)."""
+        return SESSION.template if info.host is None else self.agents.get(info.host)
+
+    def _pids_by_launcher(self, workers: list[RankInfo]) -> dict[Launcher, list[int]]:
+        found: dict[Launcher, list[int]] = {}
+        for info in workers:
+            launcher = self._launcher_of(info)
+            if info.alive and info.pid and launcher is not None and launcher.alive():
+                found.setdefault(launcher, []).append(info.pid)
+        return found

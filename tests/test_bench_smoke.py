@@ -1,0 +1,137 @@
+"""Benchmarks that cannot rot: every script in bench/ runs in its ``--smoke`` mode.
+
+Each script runs as ``make bench`` runs it, in its own process, at tiny sizes, with its results
+sent to a temporary directory (never ``bench/results``). The scripts run side by side under one
+deadline; each must exit 0, leave no process behind, and write results that name the commit
+they measured. Two guards keep the list honest: a new script under bench/ must be listed here
+(or as a helper another script runs), and every file in ``bench/results`` must be one that
+``make bench`` writes.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import ROOT, wait_until
+from fakehosts import can_make_namespaces
+
+BENCH = ROOT / "bench"
+
+#: script -> the results files it writes (``make bench`` runs each of these).
+SCRIPTS = {
+    "startup.py": ["startup.json", "startup.md", "startup_growth.json", "startup_growth.md",
+                   "startup_growth.png"],
+    "_startup_whatif.py": ["startup_whatif.json"],
+    "rpc.py": ["rpc.json", "rpc.md"],
+    "rpc.py --unpinned": ["rpc_unpinned.json", "rpc_unpinned.md"],
+    "batching.py": ["batching.csv", "batching.png"],
+    "metrics.py": ["metrics.json", "metrics.md"],
+    "multihost.py": ["multihost.json", "multihost.md"],
+}
+#: Not run by the smoke test: the same code as another entry, one switch apart.
+SAME_AS = {"rpc.py --unpinned": "rpc.py"}
+#: Scripts with a ``__main__`` that other scripts run as their child processes.
+HELPERS = {"_startup_child.py", "_rpc_plain.py", "_raw_rpc.py"}
+#: Seconds for all of them together, side by side (about 80 s on a 2-core machine at load 10).
+DEADLINE = 300.0
+
+pytestmark = pytest.mark.slow
+
+
+def _has_main(path: Path) -> bool:
+    tree = ast.parse(path.read_text())
+    return any(isinstance(node, ast.If) and "__main__" in ast.unparse(node.test)
+               for node in tree.body)
+
+
+def test_every_bench_script_is_smoke_tested_and_run_by_make_bench():
+    scripts = {p.name for p in BENCH.glob("*.py") if _has_main(p)}
+    listed = {s.split()[0] for s in SCRIPTS}
+    assert scripts - HELPERS == listed, "a bench script without a smoke test, or a stale name"
+    make = (ROOT / "Makefile").read_text()
+    recipe = make.split("\nbench:", 1)[1].split("\n\n", 1)[0]
+    for script in SCRIPTS:
+        assert re.search(rf"bench/{re.escape(script)}\b", recipe), f"make bench skips {script}"
+
+
+def test_every_results_file_is_one_make_bench_writes():
+    written = {f for files in SCRIPTS.values() for f in files}
+    present = {p.name for p in (BENCH / "results").iterdir()}
+    assert present <= written, f"results no bench script writes: {sorted(present - written)}"
+
+
+def _session_procs(sid: int) -> list[psutil.Process]:
+    out = []
+    for p in psutil.process_iter():
+        try:
+            if os.getsid(p.pid) == sid and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except (OSError, psutil.Error):
+            pass
+    return out
+
+
+def test_every_bench_script_runs_in_smoke_mode(tmp_path):
+    multihost_why = can_make_namespaces()
+    procs: dict[str, tuple[subprocess.Popen, Path, object]] = {}
+    try:
+        for script in SCRIPTS:
+            if script in SAME_AS:
+                continue
+            if script == "multihost.py" and multihost_why is not None:
+                continue  # it says why and writes nothing (as make bench does there)
+            name, *extra = script.split()
+            out = tmp_path / script.replace(" ", "_").replace("--", "")
+            log = open(tmp_path / f"{out.name}.log", "w")  # noqa: SIM115 - closed below
+            procs[script] = (subprocess.Popen(
+                [sys.executable, str(BENCH / name), *extra, "--smoke", "--out", str(out)],
+                cwd=tmp_path, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True), out, log)
+        deadline = time.monotonic() + DEADLINE
+        for script, (proc, _, _) in procs.items():
+            try:
+                proc.wait(max(deadline - time.monotonic(), 1))
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"{script} --smoke still running after {DEADLINE:g}s")
+        failed = {s: (tmp_path / f"{o.name}.log").read_text()[-3000:]
+                  for s, (p, o, _) in procs.items() if p.returncode != 0}
+        assert not failed, "\n\n".join(f"{s} --smoke failed:\n{t}" for s, t in failed.items())
+        for script, (proc, _, _) in procs.items():
+            wait_until(lambda p=proc: not _session_procs(p.pid), 15,
+                       f"the processes {script} --smoke started to end")
+        for script, (_, out, _) in procs.items():
+            assert sorted(p.name for p in out.iterdir()) == sorted(SCRIPTS[script]), script
+            _assert_commit_named(out)
+    finally:
+        for proc, _, log in procs.values():
+            for p in _session_procs(proc.pid):
+                try:
+                    p.send_signal(signal.SIGKILL)
+                except psutil.Error:
+                    pass
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+            log.close()
+
+
+def _assert_commit_named(out: Path) -> None:
+    """Each results file names the commit it measured (``abc1234`` or ``abc1234-dirty``)."""
+    commit = re.compile(r"\b[0-9a-f]{7,}(-dirty)?\b")
+    for f in out.iterdir():
+        if f.suffix == ".png":
+            text = f.read_bytes().decode("latin-1")
+            assert re.search(r"nbdist bench at [0-9a-f]{7,}", text), f"{f.name}: no commit"
+        else:
+            text = f.read_text()
+            assert "commit" in text or "nbdist at" in text, f"{f.name}: no commit"
+            assert commit.search(text), f"{f.name}: no commit"
