@@ -25,7 +25,8 @@ def _start_args(f: Any) -> Any:
     for dec in reversed([
         argument("--name", default=None, help="the notebook's RPC name (default worker0)"),
         argument("--worker-name", default=None,
-                 help="worker name pattern with {rank} (default worker{rank})"),
+                 help="worker name pattern with {rank} (default worker{rank}), or roles: "
+                      "ps,trainer{rank} names rank 1 ps and the rest trainer2, trainer3, ..."),
         argument("--threads", type=int, default=None,
                  help="torch threads per worker (default: cores / ranks)"),
         argument("--rpc-timeout", type=float, default=None,

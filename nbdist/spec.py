@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-__all__ = ["WorldSpec", "max_workers", "parse_hosts", "parse_ranks"]
+__all__ = ["WorldSpec", "max_workers", "parse_hosts", "parse_ranks", "worker_names"]
 
 _NAME = re.compile(r"^[A-Za-z0-9_:\-]{1,127}$")
 _HOST = re.compile(r"^[A-Za-z0-9_.@\-]{1,253}$")
@@ -48,6 +48,11 @@ class WorldSpec:
     iface: str | None = None  # the notebook's interface or address that the hosts reach
     launcher: str = "ssh"  # ssh, srun, or a template with {host} and {command}
     remote_python: str | None = None  # the Python on the hosts (default: this one's path)
+
+    def __post_init__(self) -> None:
+        # ``worker_name=["ps", "trainer{rank}"]`` from Python is the list ``ps,trainer{rank}``
+        if isinstance(self.worker_name, (list, tuple)):
+            object.__setattr__(self, "worker_name", ",".join(map(str, self.worker_name)))
 
     def validate(self) -> WorldSpec:
         n = self.n
@@ -109,19 +114,8 @@ class WorldSpec:
         return [None] * (self.n + 1) + [h for h, k in self.hosts for _ in range(k)]
 
     def names(self) -> list[str]:
-        """Rank 0's name, then each worker's, formatted from ``worker_name``."""
-        fmt = self.worker_name
-        workers_n = self.world_size - 1
-        if "{rank}" not in fmt and workers_n > 1:
-            raise ValueError(f"--worker-name {fmt!r} has no {{rank}}, so {workers_n} workers "
-                             "would share one name; use e.g. `--worker-name obs{rank}` (a fixed "
-                             "name is fine with one worker)")
-        try:
-            workers = [fmt.format(rank=r) for r in range(1, workers_n + 1)]
-        except (KeyError, IndexError, ValueError) as exc:
-            raise ValueError(f"--worker-name {fmt!r} is not a valid pattern ({exc}); the only "
-                             "field is {rank}, e.g. `obs{rank}`") from None
-        return [self.name, *workers]
+        """Rank 0's name, then each worker's, from ``worker_name`` (see ``worker_names``)."""
+        return [self.name, *worker_names(self.worker_name, self.world_size - 1, self.name)]
 
     def with_changes(self, **changes) -> WorldSpec:
         return replace(self, **{k: v for k, v in changes.items() if v is not None})
@@ -134,6 +128,63 @@ class WorldSpec:
         if self.threads is not None:
             return self.threads
         return max(1, (os.cpu_count() or 1) // (self.n + 1))
+
+
+def worker_names(spec: str, count: int, notebook: str = "worker0") -> list[str]:
+    """The names of workers 1..``count`` from ``--worker-name``: a pattern (``obs{rank}``), a
+    fixed name (one worker only), or a comma list of roles whose last entry may hold
+    ``{rank}`` and then names every rank the fixed entries leave (``ps,trainer{rank}``: rank 1
+    ``ps``, ranks 2.. ``trainer2``, ...). ``notebook`` is rank 0's name, which no worker may
+    take. Raises ValueError in the flag's terms."""
+    if not isinstance(spec, str):
+        raise ValueError(f"--worker-name must be a name pattern such as 'obs{{rank}}' or a list "
+                         f"such as 'ps,trainer{{rank}}', got {spec!r}")
+    entries = [e.strip() for e in spec.split(",")]
+    if "" in entries:
+        raise ValueError(f"--worker-name {spec!r} has an empty entry; write names separated by "
+                         "single commas, e.g. `--worker-name ps,trainer{rank}`")
+    *fixed, last = entries
+    for e in fixed:
+        if "{" in e or "}" in e:
+            raise ValueError(f"--worker-name {spec!r}: only the last entry may be a pattern, "
+                             f"{e!r} is not last; e.g. `--worker-name ps,trainer{{rank}}`")
+    pattern = last if ("{" in last or "}" in last) else None
+    if pattern is None:
+        fixed.append(last)
+    dup = next((e for i, e in enumerate(fixed) if e in fixed[:i]), None)
+    if dup is not None:
+        raise ValueError(f"--worker-name {spec!r} names {dup!r} twice; every rank needs its own "
+                         "name")
+    if notebook in fixed:
+        raise ValueError(f"--worker-name {spec!r} gives a worker the notebook's name {notebook!r} "
+                         "(rank 0, `--name`); choose another")
+    if len(fixed) > count:
+        raise ValueError(f"--worker-name {spec!r} has {len(fixed)} fixed names but this world "
+                         f"has {count} worker{'s' if count != 1 else ''}; give at most {count}"
+                         + (f" and end with a pattern for the rest, e.g. `{fixed[0]},w{{rank}}`"
+                            if pattern is None else ""))
+    if pattern is None and len(fixed) < count:
+        if len(fixed) == 1:
+            raise ValueError(f"--worker-name {spec!r} has no {{rank}}, so {count} workers would "
+                             "share one name; use e.g. `--worker-name obs{rank}` (a fixed name "
+                             "is fine with one worker), or a list of roles ending in a pattern, "
+                             f"e.g. `--worker-name {spec},trainer{{rank}}`")
+        left = (f"rank {count}" if len(fixed) + 1 == count
+                else f"ranks {len(fixed) + 1}..{count}")
+        raise ValueError(f"--worker-name {spec!r} names {len(fixed)} of {count} workers and has "
+                         f"no {{rank}} entry for {left}; end the list with a pattern, e.g. "
+                         f"`--worker-name {spec},w{{rank}}`")
+    names = list(fixed)
+    if pattern is not None:
+        try:
+            names += [pattern.format(rank=r) for r in range(len(fixed) + 1, count + 1)]
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ValueError(f"--worker-name {pattern!r} is not a valid pattern ({exc}); the only "
+                             "field is {rank}, e.g. `obs{rank}`") from None
+        if "{rank" not in pattern and count - len(fixed) > 1:
+            raise ValueError(f"--worker-name {spec!r}: the last entry {pattern!r} has no {{rank}}, "
+                             "so the remaining workers would share one name")
+    return names
 
 
 def parse_ranks(spec: str | int | list | tuple | None, names: list[str]) -> list[int]:
