@@ -20,6 +20,7 @@ import ipaddress
 import os
 import shutil
 import socket
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
@@ -161,12 +162,15 @@ def _run_in_new_world(func: Callable[..., Any], args: tuple, kwargs: dict,
                       rpc_backend_options: Any) -> Any:
     import torch.distributed.rpc as rpc
 
-    from ..patches import quiet, shipping, thread_states
+    from ..patches import quiet, shipping, thread_states, torch_private
 
     info = get_world_info()
     tmp = None
     if rpc_backend_options is None:
         rpc_backend_options, tmp = _local_backend_options(info.world_size)
+    if info.world_rank == 0:  # a script has no %load_ext: say here what degrades on this torch
+        for line in torch_private.report_once():
+            print(line, file=sys.stderr, flush=True)
     shipping.install()
     thread_states.install()
     quiet.hide_warnings()
