@@ -11,13 +11,13 @@ object, ``_History``, guarded by its lock.
 
 from __future__ import annotations
 
-import csv
 import json
 import threading
 from array import array
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from ..table import write_csv
 from .values import INTERNAL, META, PLAIN, record, unwrap
 
 __all__ = ["Table", "clear", "deliver", "export_history", "follow", "follow_with",
@@ -274,11 +274,7 @@ def export_history(path: str) -> str:
         return path
     with _H.lock:
         cols = [*META, *_H.table.columns]
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=cols)
-        w.writeheader()
-        w.writerows(rows)
-    return path
+    return write_csv(path, cols, rows)
 
 
 def subscribe(fn: Callable[[list[dict]], None]) -> None:
