@@ -3,10 +3,11 @@ and the same rows as HTML, for the ``_repr_html_`` of nbdist's status and stats 
 
 from __future__ import annotations
 
+import csv
 import html
 from collections.abc import Sequence
 
-__all__ = ["html_table", "human_bytes", "text_table"]
+__all__ = ["html_table", "human_bytes", "text_table", "write_csv"]
 
 
 def text_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -35,3 +36,12 @@ def human_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit != "MB" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} GB"
+
+
+def write_csv(path: str, columns: Sequence[str], rows: Sequence[dict]) -> str:
+    """``rows`` (dicts) as a CSV file with a header of ``columns``; returns ``path``."""
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(columns))
+        w.writeheader()
+        w.writerows(rows)
+    return path

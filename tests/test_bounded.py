@@ -66,13 +66,13 @@ def test_rank0_keeps_values_as_they_are():
 
 LOG_FAST = """
 import threading, time, nbdist
-from nbdist.telemetry import records
+from nbdist.telemetry import outbox, records
 records.MAX_PENDING = 2000
 _peak = [0]
 _stop = threading.Event()
 def _watch():
     while not _stop.is_set():
-        _peak[0] = max(_peak[0], len(records._pending))
+        _peak[0] = max(_peak[0], outbox.pending_count())
         time.sleep(0.0005)
 _w = threading.Thread(target=_watch)
 _w.start()

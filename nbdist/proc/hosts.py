@@ -1,8 +1,9 @@
 """Join agents on other hosts, seen from the notebook: launch, authenticate, watch, stop.
 
-``HostAgent`` is the remote twin of ``launch.Template`` (same ``spawn``/``kill``/``close``,
-same ``on_exit`` reports): its process is the launcher (``ssh host python -m nbdist.join``
-and the like), its channel the TCP connection the agent opened back to the notebook.
+``HostAgent`` is the remote twin of ``launch.Template``, a ``launch.ForkClient`` as it is
+(same ``spawn``/``kill``/``close``, same ``on_exit`` reports): its process is the launcher
+(``ssh host python -m nbdist.join`` and the like), its channel the TCP connection the agent
+opened back to the notebook.
 ``start_agents`` launches the agents that are not running, with one join listener bound to
 ``--iface`` that closes once they are all in. Heartbeats run both ways; a host silent for
 ``SILENCE`` seconds, or whose connection closes, is lost (``on_lost``); an agent whose
@@ -23,7 +24,7 @@ from collections.abc import Callable
 
 from ..errors import DistTimeoutError, StartError
 from .channel import Channel, HandshakeError, Listener
-from .launch import Template, describe_exit
+from .launch import ForkClient, describe_exit
 from .netif import Interface
 from .protocol import AgentReady, Heartbeat, ProtocolError
 
@@ -74,11 +75,11 @@ def slurm_hosts() -> list[str]:
     return hosts
 
 
-class HostAgent(Template):
+class HostAgent(ForkClient):
     """Client side of the join agent on one host."""
 
     def __init__(self, host: str, launcher: str, remote_python: str, iface: Interface) -> None:
-        super().__init__(runtime_dir="")
+        super().__init__()
         self.host, self.launcher, self.remote_python, self.iface = (host, launcher,
                                                                      remote_python, iface)
         self.info: AgentReady | None = None

@@ -21,7 +21,8 @@ from ..errors import DistTimeoutError, StartError
 from .channel import Channel
 from .protocol import Exit, Exited, Kill, Message, ProtocolError, Spawn, Spawned, TemplateReady
 
-__all__ = ["IMPORT_TIME_ENV", "Launcher", "Template", "describe_exit", "import_time_env"]
+__all__ = ["IMPORT_TIME_ENV", "ForkClient", "Launcher", "Template", "describe_exit",
+           "import_time_env"]
 
 #: Prefixes of environment variables that torch, OpenMP or a BLAS read when torch is imported
 #: (``TORCH_LOGS``, ``OMP_NUM_THREADS``, ...): workers forked from a template share its import,
@@ -64,9 +65,6 @@ class Launcher(Protocol):
     def alive(self) -> bool:
         """Whether it runs and answers (a dead launcher's workers are dead too)."""
 
-    def wait_ready(self, deadline: float) -> None:
-        """Return once it can fork; raise ``StartError``/``DistTimeoutError`` otherwise."""
-
     def spawn(self, configs: list[dict], deadline: float) -> dict[int, int]:
         """Fork one worker per config (``cluster.startup.worker_config``); rank -> pid."""
 
@@ -77,11 +75,12 @@ class Launcher(Protocol):
         """End it and with it every worker it forked."""
 
 
-class Template:
-    """Client side of one warm template process."""
+class ForkClient:
+    """The notebook's side of a process that forks workers on request over a ``Channel``
+    (``spawn``, ``kill``, ``close``; exits reported to ``on_exit``): what ``Template`` and
+    ``hosts.HostAgent`` share. How that process starts and is read is theirs."""
 
-    def __init__(self, runtime_dir: str) -> None:
-        self.runtime_dir = runtime_dir
+    def __init__(self) -> None:
         self.proc: subprocess.Popen | None = None
         self.conn: Channel | None = None
         self.on_exit: Callable[[int, int], None] | None = None
@@ -89,67 +88,9 @@ class Template:
         self._reader: threading.Thread | None = None
         self._ready = threading.Event()
         self._spawn_cv = threading.Condition()
-        self.started_env: dict[str, str] = {}  # import_time_env of the running template
 
-    # -- life cycle -------------------------------------------------------------------------
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None and self.conn is not None
-
-    def ensure_started(self) -> None:
-        """Start the template if it is not running (returns at once; ``wait_ready`` waits)."""
-        if self.alive():
-            return
-        self.close()
-        ours, theirs = socket.socketpair()
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-        self.started_env = import_time_env(env)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "nbdist.proc.template", str(theirs.fileno()), self.runtime_dir],
-            pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            env=env, close_fds=True,
-        )
-        theirs.close()
-        self.conn = Channel(ours, name="the template process")
-        self._ready.clear()
-        self._reader = threading.Thread(target=self._read_loop, args=(self.conn, self.proc),
-                                        name="nbdist-template-reader", daemon=True)
-        self._reader.start()
-
-    def env_changed(self) -> list[str]:
-        """Import-time variables (``IMPORT_TIME_ENV``) that differ in this process's
-        environment now from the one the running template imported torch with."""
-        if not self.alive():
-            return []
-        now = import_time_env(os.environ)
-        return sorted(k for k in now.keys() | self.started_env.keys()
-                      if now.get(k) != self.started_env.get(k))
-
-    def wait_ready(self, deadline: float) -> None:
-        while not self._ready.wait(0.05):
-            if self.proc is None or self.proc.poll() is not None:
-                code = None if self.proc is None else self.proc.returncode
-                raise StartError(f"the worker template process {describe_exit(code)} while "
-                                 "importing torch; run `python -c 'import torch.distributed.rpc'` "
-                                 "to see why")
-            if time.monotonic() > deadline:
-                raise DistTimeoutError("timed out waiting for the worker template process to "
-                                       "import torch")
-
-    def _read_loop(self, conn: Channel, proc: subprocess.Popen) -> None:
-        while True:
-            try:
-                msg = conn.recv()
-            except ProtocolError:
-                continue
-            except (EOFError, OSError):
-                self._ready.clear()
-                try:  # reap it now: a zombie child makes ipykernel's shutdown wait for it
-                    proc.wait(5.0)
-                except subprocess.TimeoutExpired:
-                    pass
-                return
-            self._dispatch(msg)
 
     def _dispatch(self, msg: Message) -> None:
         if isinstance(msg, TemplateReady):
@@ -218,3 +159,68 @@ class Template:
             reader.join(timeout)  # sees EOF once the template is gone; then the fd is ours
         if conn is not None:
             conn.close()
+
+
+class Template(ForkClient):
+    """Client side of one warm template process."""
+
+    def __init__(self, runtime_dir: str) -> None:
+        super().__init__()
+        self.runtime_dir = runtime_dir
+        self.started_env: dict[str, str] = {}  # import_time_env of the running template
+
+    def ensure_started(self) -> None:
+        """Start the template if it is not running (returns at once; ``wait_ready`` waits)."""
+        if self.alive():
+            return
+        self.close()
+        ours, theirs = socket.socketpair()
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        self.started_env = import_time_env(env)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "nbdist.proc.template", str(theirs.fileno()), self.runtime_dir],
+            pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            env=env, close_fds=True,
+        )
+        theirs.close()
+        self.conn = Channel(ours, name="the template process")
+        self._ready.clear()
+        self._reader = threading.Thread(target=self._read_loop, args=(self.conn, self.proc),
+                                        name="nbdist-template-reader", daemon=True)
+        self._reader.start()
+
+    def env_changed(self) -> list[str]:
+        """Import-time variables (``IMPORT_TIME_ENV``) that differ in this process's
+        environment now from the one the running template imported torch with."""
+        if not self.alive():
+            return []
+        now = import_time_env(os.environ)
+        return sorted(k for k in now.keys() | self.started_env.keys()
+                      if now.get(k) != self.started_env.get(k))
+
+    def wait_ready(self, deadline: float) -> None:
+        while not self._ready.wait(0.05):
+            if self.proc is None or self.proc.poll() is not None:
+                code = None if self.proc is None else self.proc.returncode
+                raise StartError(f"the worker template process {describe_exit(code)} while "
+                                 "importing torch; run `python -c 'import torch.distributed.rpc'` "
+                                 "to see why")
+            if time.monotonic() > deadline:
+                raise DistTimeoutError("timed out waiting for the worker template process to "
+                                       "import torch")
+
+    def _read_loop(self, conn: Channel, proc: subprocess.Popen) -> None:
+        while True:
+            try:
+                msg = conn.recv()
+            except ProtocolError:
+                continue
+            except (EOFError, OSError):
+                self._ready.clear()
+                try:  # reap it now: a zombie child makes ipykernel's shutdown wait for it
+                    proc.wait(5.0)
+                except subprocess.TimeoutExpired:
+                    pass
+                return
+            self._dispatch(msg)

@@ -21,7 +21,6 @@ Seeds: the agent seeds torch with ``seed``; observer ``i`` seeds its environment
 
 from __future__ import annotations
 
-import csv
 import threading
 import time
 from collections.abc import Sequence
@@ -34,6 +33,7 @@ import torch.nn.functional as F
 from torch import optim
 from torch.distributions import Categorical
 
+from ..table import write_csv as _write_csv
 from ..telemetry.records import log
 
 __all__ = [
@@ -273,8 +273,4 @@ def write_csv(rows: Sequence[dict], path: str) -> str:
     cols: list[str] = []
     for r in rows:
         cols.extend(k for k in r if k not in cols)
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=cols)
-        w.writeheader()
-        w.writerows(rows)
-    return path
+    return _write_csv(path, cols, rows)
