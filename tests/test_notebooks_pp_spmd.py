@@ -19,7 +19,7 @@ TOLERANCE = 1e-5
 SCI = r"(\d\.\de[+-]\d\d)"  # a number as the notebooks print it: 1.5e-08
 
 
-@pytest.mark.parametrize("name", [PP_NOTEBOOK])
+@pytest.mark.parametrize("name", [PP_NOTEBOOK, SPMD_NOTEBOOK])
 def test_notebook_is_clean_and_follows_the_rules(name):
     assert_follows_rules(name, forbidden=(".cuda()", "torchvision", "torchrun"))
 
@@ -51,3 +51,37 @@ def test_pipeline_notebook_quick(tmp_path):
     for label in ("RPC: RRefs and futures", "pipelining: GPipe", "pipelining: 1F1B"):
         assert re.search(rf"{label}: (?:\d+: \d+\.\d ms(?:, )?)+", text), label
     print(f"08_pipeline_parallel quick: {seconds:.1f}s")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_spmd_notebook_quick(tmp_path):
+    nb, text, seconds = run_checked(SPMD_NOTEBOOK, cwd=tmp_path)
+    prefix = {0: r"(?<!\] )", 1: r"\[worker1\] ", 2: r"\[worker2\] ", 3: r"\[worker3\] "}
+    for r, lead in prefix.items():
+        # a 2x2 mesh, a block of the DTensor on every rank, and exact round trips
+        assert re.search(rf"{lead}rank {r}: coordinate \[{r // 2}, {r % 2}\] in the 2x2 mesh",
+                         text), text[-3000:]
+        assert re.search(rf"{lead}rank {r}: block \(4, 4\) at \({4 * (r // 2)}, "
+                         rf"{4 * (r % 2)}\), row shard \(2, 8\), round trips exact: True", text)
+        # FSDP2: a quarter of every weight here, gradients and new weights as in one process
+        m = re.search(rf"{lead}rank {r}: FSDPMLP, local shards \{{'fc1.weight': \(8, 16\)"
+                      rf"[^}}]*\}}; gradient error {SCI}, weights after the step {SCI}", text)
+        assert m and max(float(m[1]), float(m[2])) < TOLERANCE, (r, m)
+        # tensor parallel: a quarter of fc1's rows and of fc2's columns
+        m = re.search(rf"{lead}rank {r}: fc1.weight here \(8, 16\), fc2.weight here \(8, 8\); "
+                      rf"output error {SCI}, gradient error {SCI}", text)
+        assert m and max(float(m[1]), float(m[2])) < TOLERANCE, (r, m)
+    assert "saved by 4 ranks: ['.metadata', '__0_0.distcp', '__1_0.distcp', '__2_0.distcp', " \
+           "'__3_0.distcp']" in text
+    # the world of another size: two ranks, half of every weight each, the saved weights exactly
+    for r, lead in ((0, prefix[0]), (1, prefix[1])):
+        assert re.search(rf"{lead}rank {r} of 2: local shards \{{'fc1.weight': \(16, 16\)", text)
+    assert "saved by 4 ranks, loaded by 2: largest difference 0.0; all checks passed" in text
+    # --grid: one table with a column per rank, each holding that rank's picture
+    grids = [o for c in nb.cells for o in c.get("outputs", [])
+             if "text/html" in o.get("data", {}) and "nbdist" in o.get("metadata", {})]
+    assert len(grids) == 1, len(grids)
+    assert grids[0]["metadata"]["nbdist"]["ranks"][-3:] == [1, 2, 3], grids[0]["metadata"]
+    assert grids[0]["data"]["text/html"].count("data:image/png") >= 3
+    print(f"09_spmd quick: {seconds:.1f}s")
