@@ -20,7 +20,9 @@ Two figures each, from the same world size:
 
 The kinds take turns (``--rounds`` times, the order alternating), so that a busy spell of a
 shared machine hits both. Writes ``bench/results/spmd.json`` and ``spmd.md`` with the commit
-measured, and prints the table. ``--smoke`` runs one round of tiny sizes in seconds.
+measured, and prints the table. ``--smoke`` runs one round of tiny sizes (under a minute on a
+loaded 2-core machine); its figures only show that everything runs: steps of a few
+milliseconds on a shared machine swing either way by several times from run to run.
 """
 
 from __future__ import annotations
@@ -214,7 +216,7 @@ def render(res: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--smoke", action="store_true", help="one round of tiny sizes (seconds)")
+    ap.add_argument("--smoke", action="store_true", help="one round of tiny sizes: proves it runs")
     ap.add_argument("--rounds", type=int, default=None, help="rounds per kind")
     ap.add_argument("--timeout", type=float, default=300.0, help="per world, seconds")
     ap.add_argument("--out", type=Path, default=RESULTS)
