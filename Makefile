@@ -55,6 +55,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/batching.py
 	$(BIN)/python bench/metrics.py
 	$(BIN)/python bench/multihost.py
+	$(BIN)/python bench/spmd.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check nbdist tests bench
