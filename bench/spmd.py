@@ -41,7 +41,8 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "results"
+sys.path.insert(0, str(HERE))
+import _common  # noqa: E402
 
 __all__ = ["main", "train_code"]
 
@@ -159,15 +160,7 @@ def run_torchrun(sizes: dict, timeout: float, workdir: Path) -> dict:
 
 
 def _commit() -> dict:
-    root = str(HERE.parent)
-    try:
-        head = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"],
-                              capture_output=True, text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "nbdist", "bench"],
-                               capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
-        return {}
-    return {"commit": head, "modified_files": sorted(ln[3:] for ln in dirty.splitlines())}
+    return {"commit": _common.measured_commit()}
 
 
 def summarize(rounds: list[dict]) -> dict:
@@ -190,13 +183,10 @@ def summarize(rounds: list[dict]) -> dict:
 def render(res: dict) -> str:
     s, z, m = res["summary"], res["sizes"], res["machine"]
     commit = m["nbdist"].get("commit", "?")
-    dirty = m["nbdist"].get("modified_files")
     lines = [
         f"# SPMD from a notebook vs torchrun — {m['date']}", "",
         f"{m['cores']} cores, load {m['load_start'][0]:.1f} at the start; torch {m['torch']}; "
-        f"Python {m['python']}; nbdist at {commit}"
-        + (f" with uncommitted changes to {', '.join(dirty)}" if dirty else "")
-        + f"; mode {res['mode']}.", "",
+        f"Python {m['python']}; nbdist at {commit}; mode {res['mode']}.", "",
         f"FSDP2 (`fully_shard` per block and the root) over {z['workers'] + 1} ranks, gloo, CPU: "
         f"{z['LAYERS']} x Linear({z['WIDTH']}, {z['WIDTH']}) + ReLU and a head, batch "
         f"{z['BATCH']} on every rank; {z['rounds']} round(s) each, {z['STEPS']} timed steps "
@@ -216,11 +206,11 @@ def render(res: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--smoke", action="store_true", help="one round of tiny sizes: proves it runs")
     ap.add_argument("--rounds", type=int, default=None, help="rounds per kind")
     ap.add_argument("--timeout", type=float, default=300.0, help="per world, seconds")
-    ap.add_argument("--out", type=Path, default=RESULTS)
+    _common.add_arguments(ap)
     args = ap.parse_args(argv)
+    out = _common.out_dir(args)
     mode = "smoke" if args.smoke else "full"
     sizes = dict(SIZES[mode])
     if args.rounds is not None:
@@ -246,10 +236,9 @@ def main(argv: list[str] | None = None) -> int:
                       flush=True)
     res = {"mode": mode, "sizes": sizes, "machine": machine, "rounds": rounds,
            "summary": summarize(rounds)}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "spmd.json").write_text(json.dumps(res, indent=1) + "\n")
+    (out / "spmd.json").write_text(json.dumps(res, indent=1) + "\n")
     text = render(res)
-    (args.out / "spmd.md").write_text(text)
+    (out / "spmd.md").write_text(text)
     print(text)
     return 0
 

@@ -38,6 +38,7 @@ SCRIPTS = {
     "batching.py": ["batching.csv", "batching.png"],
     "metrics.py": ["metrics.json", "metrics.md"],
     "multihost.py": ["multihost.json", "multihost.md"],
+    "spmd.py": ["spmd.json", "spmd.md"],
 }
 #: Not run by the smoke test: the same code as another entry, one switch apart.
 SAME_AS = {"rpc.py --unpinned": "rpc.py"}
