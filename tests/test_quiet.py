@@ -86,6 +86,7 @@ print("stopped", file=sys.stderr, flush=True)
 """
 
 
+@pytest.mark.slow  # a fresh Python and a world: ~6 s each
 @pytest.mark.parametrize("how", ["stop", "restart"])
 def test_stop_right_after_dist_autograd_prints_nothing_of_torch(how, tmp_path):
     """Rank 0's fd 2 (what Jupyter shows in the cell) stays clean when a world ends right after
