@@ -26,7 +26,7 @@ import time
 from typing import Any
 
 __all__ = ["UNCHANGED", "WAIT", "forget_peers", "main_namespace", "mark_sent", "merge",
-           "outgoing", "set_main_namespace", "sender_id"]
+           "outgoing"]
 
 WAIT = 30.0  # seconds a receiver waits for a value a racing request is bringing
 
@@ -50,7 +50,6 @@ class _State:
 
     def __init__(self) -> None:
         self.me = os.urandom(6).hex()  # who sent a value (the receiver keys by it)
-        self.main: dict | None = None  # the namespace notebook code runs in here
         # sender: (destination, name) -> the object last shipped there (held: its id is the
         # token, so it must not be reused while remembered)
         self.sent: dict[tuple[str, str], Any] = {}
@@ -71,21 +70,8 @@ def _after_fork() -> None:
 os.register_at_fork(after_in_child=_after_fork)
 
 
-def sender_id() -> str:
-    """This process's id as a sender of globals."""
-    return _state.me
-
-
-def set_main_namespace(ns: dict | None) -> None:
-    """Where notebook code runs in this process (``None``: ``sys.modules['__main__']``)."""
-    _state.main = ns
-
-
 def main_namespace() -> dict:
     """The namespace notebook code runs against in this process."""
-    ns = _state.main
-    if ns is not None:
-        return ns
     ipython = sys.modules.get("IPython")  # a notebook, or a worker's shell: its user namespace
     shell = ipython.get_ipython() if ipython is not None else None
     if shell is not None:

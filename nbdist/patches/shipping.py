@@ -132,8 +132,7 @@ CODE_WAIT = 30.0  # seconds a callee waits for the request that defines a digest
 _KEEP_CODES = 4096  # code objects remembered by a caller (then forgotten: sent again in full)
 _KEEP_KNOWN = 65536  # code objects remembered by a callee
 
-# id(func) -> (func, static parts, digest, global names, a copy built here?)
-_fns: dict[int, tuple] = {}
+_fns: dict[int, tuple] = {}  # id(func) -> (func, static parts, digest, global names)
 _by_digest: dict[str, types.FunctionType] = {}  # digest -> the original, or the copy built here
 _sent: set[tuple[str, str]] = set()  # (destination name, digest) it holds
 _known: dict[str, tuple] = {}  # digest -> static parts of a function, callee side
@@ -173,7 +172,7 @@ def _static_of(func: types.FunctionType) -> tuple[tuple, str, tuple]:
     entry = _fns.get(id(func))
     if entry is not None and entry[0] is func:
         old = entry[1]
-        if entry[4]:  # a copy built here keeps its origin's digest (its code is fixed)
+        if func in _copies:  # a copy built here keeps its origin's digest (its code is fixed)
             return old, entry[2], entry[3]
         if (old[0] is func.__code__ and old[1] is func.__name__ and old[2] is func.__qualname__
                 and old[3] is func.__module__ and old[4] is func.__doc__
@@ -184,7 +183,7 @@ def _static_of(func: types.FunctionType) -> tuple[tuple, str, tuple]:
     _make_room()
     digest = f"{_nonce[0]}.{next(_nonce[1])}"  # next() is atomic: threads never share one
     names = tuple(cloudpickle.cloudpickle._extract_code_globals(func.__code__))
-    _fns[id(func)] = (func, static, digest, names, False)
+    _fns[id(func)] = (func, static, digest, names)
     _by_digest[digest] = func
     return static, digest, names
 
@@ -266,7 +265,7 @@ def _build(digest: str, static: tuple, base_globals: dict | None) -> types.Funct
             return hit
         _make_room()
         _fns[id(func)] = (func, static, digest, tuple(
-            cloudpickle.cloudpickle._extract_code_globals(code)), True)
+            cloudpickle.cloudpickle._extract_code_globals(code)))
         _by_digest[digest] = func
         _copies.add(func)
     return func
@@ -368,8 +367,7 @@ class ShippingPickler(cloudpickle.Pickler):
                 return rv
             if len(rv) < 6 or rv[5] is not _cp_class_setstate:
                 return rv  # a builtin type, by cloudpickle's own reducer
-            if obj not in _classes_whole:  # defined here: a copy arriving back is not applied
-                _classes_whole.add(obj)
+            _classes_whole.add(obj)  # defined here (or whole): a copy arriving is not applied
             return rv[:5] + (_class_setstate_once,)
         if fresh.is_fresh_kind(t) and id(obj) not in self.direct:
             return fresh.fresh_reduce(obj)
@@ -438,12 +436,11 @@ def _dispatch_table(owner: Any) -> dict:
         return _table_cache[1]
     import torch.distributed as dist
 
-    table = dict(cloudpickle.Pickler.dispatch_table)
+    table = dict(ShippingPickler.dispatch_table)  # cloudpickle's, with code keeping its name
     table.update(owner._dispatch_table)
     table[dist.rpc.PyRRef] = owner._py_rref_reducer
     table[dist.rpc.RRef] = owner._rref_reducer
     table[types.MethodType] = _reduce_method
-    table[types.CodeType] = reduce_code  # the cell's file name, for remote tracebacks
     table.update(owner._class_reducer_dict)
     _table_cache[:] = [owner, table, n]
     return table
@@ -534,9 +531,9 @@ def _explain_unpicklable(owner: Any, obj: Any, exc: Exception, dest: str | None 
         return TypeError(f"the RPC result could not be pickled to send back: {exc}")
     fname = getattr(obj.func, "__qualname__", repr(obj.func))
 
-    def can_pickle(value: Any) -> Exception | None:
+    def can_pickle(value: Any, direct: frozenset[int] = frozenset()) -> Exception | None:
         try:
-            _rpc_pickler(owner, io.BytesIO(), value).dump(value)
+            _rpc_pickler(owner, io.BytesIO(), value, direct=direct).dump(value)
         except Exception as inner:  # noqa: BLE001 - any failure is the answer
             return inner
         return None
@@ -557,10 +554,7 @@ def _explain_unpicklable(owner: Any, obj: Any, exc: Exception, dest: str | None 
     parts = [(f"argument {i}", a) for i, a in enumerate(obj.args or ())]
     parts += [(f"keyword argument {k!r}", v) for k, v in (obj.kwargs or {}).items()]
     for label, value in parts:
-        if fresh.is_fresh_kind(type(value)):
-            inner: Exception | None = TypeError(f"cannot pickle {type(value).__name__!r} object")
-        else:
-            inner = can_pickle(value)
+        inner = can_pickle(value, frozenset({id(value)}))  # as the request pickled it
         if inner is not None:
             return TypeError(f"{label} of the RPC to {fname} ({type(value).__name__}) cannot be "
                              f"pickled: {inner}. Send something picklable instead (for a lock, "
