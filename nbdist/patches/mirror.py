@@ -87,8 +87,8 @@ def forget_peers() -> None:
 
 
 def outgoing(dest: str | None, g: dict, names: tuple) -> tuple[str, tuple]:
-    """The globals a function reads, as (sender, ((name, value or UNCHANGED), ...)), and
-    the entries to remember as sent once the request went out (``pending``)."""
+    """The globals a function reads, as (sender, ((name, value or UNCHANGED), ...)): a value
+    ``dest`` already holds goes as the marker (``mark_sent`` records what went out)."""
     st = _state
     entries = []
     sent = st.sent
