@@ -18,6 +18,7 @@ from .errors import (
     StartError,
     WorkerDiedError,
 )
+from .telemetry.events import events
 from .telemetry.records import clear_history, export_history, history, history_frame, log
 from .telemetry.tracing import rpc_stats
 
@@ -36,6 +37,7 @@ __all__ = [
     "clear_history",
     "current",
     "dashboard",
+    "events",
     "export_history",
     "history",
     "history_frame",

@@ -45,6 +45,11 @@ def _start_args(f: Any) -> Any:
                       "{command}, e.g. 'ip netns exec {host} {command}'"),
         argument("--remote-python", default=None,
                  help="with --hosts: the Python on the hosts (default: this one's path)"),
+        argument("--heal", dest="heal", action="store_const", const=True, default=None,
+                 help="replace a worker that dies on its own, the others keeping their "
+                      "state (gives up on a rank that dies 3 times in 60 s)"),
+        argument("--no-heal", dest="heal", action="store_const", const=False,
+                 help="(restart) stop healing"),
     ]):
         f = dec(f)
     return f
@@ -101,7 +106,8 @@ def _settings(args: Any) -> dict:
         "name": args.name, "worker_name": args.worker_name, "threads": args.threads,
         "rpc_timeout": args.rpc_timeout, "process_group": args.process_group,
         "start_timeout": args.start_timeout, "hosts": hosts, "iface": args.iface,
-        "launcher": args.launcher, "remote_python": args.remote_python}.items()
+        "launcher": args.launcher, "remote_python": args.remote_python,
+        "heal": args.heal}.items()
         if v is not None}
 
 
@@ -140,11 +146,18 @@ class DistMagics(Magics):
 
     @magic_arguments()
     @argument("n", nargs="?", default=None, help="number of worker ranks (default: as before)")
+    @argument("--keep", action="store_true",
+              help="live workers keep their process and variables; dead ranks and added "
+                   "ones start fresh, ranks beyond N stop")
     @_start_args
     @no_var_expand
     @line_magic
     def dist_restart(self, line: str) -> None:
-        """Stop the world and start a new one; flags not given keep their previous values."""
+        """Stop the world and start a new one; flags not given keep their previous values.
+
+        ``--keep`` rebuilds the RPC world around the live workers instead: their variables
+        stay, dead ranks come back empty, ``N`` grows or shrinks the world.
+        """
         args = _parse(self.dist_restart, line, "%dist_restart", self.shell.user_ns)
         n = _count(args.n, "%dist_restart")
         try:
@@ -153,7 +166,7 @@ class DistMagics(Magics):
                     raise UsageError("no world to restart; start one with `%dist_start N`")
                 _cluster.start(n, **_settings(args))
             else:  # the whole previous spec, whatever was given to %dist_start
-                _cluster.restart(n, **_settings(args))
+                _cluster.restart(n, keep=args.keep, **_settings(args))
         except ValueError as exc:
             raise UsageError(f"%dist_restart: {exc}") from None
 

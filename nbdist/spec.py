@@ -48,6 +48,7 @@ class WorldSpec:
     iface: str | None = None  # the notebook's interface or address that the hosts reach
     launcher: str = "ssh"  # ssh, srun, or a template with {host} and {command}
     remote_python: str | None = None  # the Python on the hosts (default: this one's path)
+    heal: bool = False  # replace a rank that dies, keeping the others (``cluster.heal``)
 
     def __post_init__(self) -> None:
         # ``worker_name=["ps", "trainer{rank}"]`` from Python is the list ``ps,trainer{rank}``

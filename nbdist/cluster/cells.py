@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import collections
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
 
 from ..errors import DistCellError, DistTimeoutError, RankFailure, WorkerDiedError
 from ..proc.channel import Channel
@@ -16,6 +16,15 @@ from .rich import RichOutput
 from .router import StatusLine
 
 __all__ = ["Cells"]
+
+SENT_KEPT = 100  # cells whose targets are remembered until their report
+
+
+class CellResults(dict):
+    """rank -> ``Result`` (None: its process ended first), with ``sent``: the ``RankInfo``
+    each rank had when the cell was sent (a keep-restart may have replaced it since)."""
+
+    sent: dict[int, RankInfo] = {}
 
 
 class Cells:
@@ -31,6 +40,10 @@ class Cells:
         self._results: dict[int, dict[int, Result]] = {}
         self._finished: dict[int, dict[int, float]] = {}  # exec id -> rank -> when (monotonic)
         self._flushed: dict[int, set[int]] = {}
+        # exec id -> the RankInfo each target had when the cell was sent: a rank that
+        # `--heal` or `restart(keep=True)` replaced meanwhile never answers that cell
+        self._sent: collections.OrderedDict[int, dict[int, RankInfo]] = \
+            collections.OrderedDict()
 
     # -- called by the receiver ---------------------------------------------------------------
     def deliver(self, result: Result) -> None:
@@ -70,6 +83,10 @@ class Cells:
             raise WorkerDiedError(info.rank, info.name, info.reason(),
                                   "asked to run a cell; `%dist_restart` starts a fresh world")
         exec_id = self.next_id()
+        with self.cv:
+            self._sent[exec_id] = {r: self.ranks[r] for r in targets}
+            while len(self._sent) > SENT_KEPT:
+                self._sent.popitem(last=False)
         msg = Exec(exec_id, code, f"<dist-cell-{exec_id}>")
         for r in targets:
             self.send(r, msg)
@@ -104,7 +121,15 @@ class Cells:
 
     def _pending(self, exec_id: int, targets: list[int]) -> list[int]:
         got = self._results.get(exec_id, {})
-        return [r for r in targets if r not in got and self.ranks[r].alive]
+        sent = self._sent.get(exec_id, {})
+        return [r for r in targets if r not in got and self._answers(sent, r)]
+
+    def _answers(self, sent: dict[int, RankInfo], r: int) -> bool:
+        """Whether the process the cell went to may still answer it: alive, and not
+        replaced or stopped by a keep-restart since."""
+        now = self.ranks.get(r)
+        was = sent.get(r, now)
+        return was is not None and was is now and was.alive
 
     def _wait(self, exec_id: int, targets: list[int], deadline: float | None) -> dict:
         with self.desk.waiting():
@@ -121,9 +146,10 @@ class Cells:
                 if not pending:
                     if status is not None:
                         status.done(self._summary(exec_id, targets, started))
-                    got: dict[int, Any] = dict(self._results.get(exec_id, {}))
+                    got = CellResults(self._results.get(exec_id, {}))
                     for r in targets:
                         got.setdefault(r, None)  # None: the rank died
+                    got.sent = self._sent.pop(exec_id, {})
                     return got
                 if now >= next_status:
                     status = status or StatusLine()
@@ -153,11 +179,12 @@ class Cells:
         """Print each rank's value as ``[name] value``; raise ``DistCellError`` for failures."""
         values: dict[int, str | None] = {}
         failures: list[RankFailure] = []
+        sent = getattr(results, "sent", {})
         for r in targets:
             res: Result | None = results[r]
-            info = self.ranks[r]
+            info = sent.get(r) or self.ranks[r]
             if res is None:
-                reason = info.reason()
+                reason = info.reason() if not info.alive else "was stopped by a restart"
                 failures.append(RankFailure(r, info.name, "WorkerDiedError", reason,
                                             f"{info.label()} {reason} while running the cell\n"))
             elif res.status == "ok":

@@ -20,7 +20,9 @@ from ..patches import rpc_hooks
 from ..proc.hosts import slurm_hosts
 from ..proc.protocol import Debug
 from ..spec import WorldSpec, parse_hosts, parse_ranks
+from ..telemetry import events
 from .cells import Cells
+from .heal import Healer
 from .ranks import ClusterState, RankInfo
 from .receiver import Receiver
 from .router import Router
@@ -46,7 +48,8 @@ def start(n: int, *, name: str = "worker0", worker_name: str = "worker{rank}",
           threads: int | None = None, rpc_timeout: float = 60.0,
           process_group: str | None = None, start_timeout: float = 60.0,
           hosts: Any = None, iface: str | None = None, launcher: str = "ssh",
-          remote_python: str | None = None, quiet: bool = False) -> Cluster:
+          remote_python: str | None = None, heal: bool = False,
+          quiet: bool = False) -> Cluster:
     """Start ``n`` worker ranks and make this process rank 0 of their RPC world.
 
     ``hosts`` (``{"node1": 4, "node2": 4}``, ``"node1:4,node2:4"`` or ``"slurm"``) adds
@@ -54,10 +57,12 @@ def start(n: int, *, name: str = "worker0", worker_name: str = "worker{rank}",
     (``ssh``, ``srun`` or a template with ``{host}`` and ``{command}``) running
     ``remote_python -m nbdist.join``; ``iface`` is this machine's interface or address that
     those hosts reach (required with ``hosts``). See the README, "More than one machine".
+    ``heal``: a worker that dies is replaced on its own, the others keeping their state
+    (``Cluster.restart(keep=True)``); see the README, "When a rank dies".
     """
     spec = WorldSpec(n, name, worker_name, threads, rpc_timeout, process_group,
                      start_timeout, hosts=parse_hosts(hosts, slurm_hosts), iface=iface,
-                     launcher=launcher, remote_python=remote_python).validate()
+                     launcher=launcher, remote_python=remote_python, heal=heal).validate()
     if current() is not None:
         raise ClusterStateError("a world is already running; use `%dist_restart` (or "
                                 "`nbdist.current().restart()`) to start a new one, or "
@@ -67,17 +72,21 @@ def start(n: int, *, name: str = "worker0", worker_name: str = "worker{rank}",
     return cluster
 
 
-def restart(n: int | None = None, *, quiet: bool = False, **changes: Any) -> Cluster:
+def restart(n: int | None = None, *, keep: bool = False, quiet: bool = False,
+            **changes: Any) -> Cluster:
     """Restart the running world or, after a stop, start the last one again (``%dist_restart``).
 
     Every setting not given keeps its value, ``hosts``, ``iface``, ``launcher`` and
-    ``remote_python`` included (``hosts=()`` drops the hosts).
+    ``remote_python`` included (``hosts=()`` drops the hosts). ``keep``: live workers keep
+    their process and state (``Cluster.restart``).
     """
     c = current()
     if c is not None:
-        return c.restart(n, quiet=quiet, **changes)
+        return c.restart(n, keep=keep, quiet=quiet, **changes)
     if Cluster.last_spec is None:
         raise ClusterStateError("no world to restart; start one with `%dist_start N`")
+    if keep and not quiet:
+        print("nbdist: no world is running, so no rank has state to keep; starting a fresh one")
     cluster = Cluster(_changed(Cluster.last_spec, n, changes))
     cluster._start(quiet=quiet)
     return cluster
@@ -128,7 +137,11 @@ class Cluster:
                                   self.cells.desk, cv)
         self._world = World(spec, self.names, self.ranks, cv, self.router, self.cells,
                             self._receiver, self.epoch, on_up=self._became_current,
-                            on_down=self._stopped)
+                            on_down=self._stopped, on_death=self._died)
+        self._lifecycle = threading.RLock()  # one stop or restart at a time (--heal's too)
+        self._settled = threading.Event()  # clear while --heal rebuilds the world
+        self._settled.set()
+        self.healer: Healer | None = None
 
     @property
     def state(self) -> ClusterState:
@@ -146,6 +159,9 @@ class Cluster:
         self._world.check()  # bad --iface or --launcher: ValueError before anything starts
         Cluster.last_spec = self.spec
         self._world.start(quiet)
+        if self.spec.heal:
+            self.healer = Healer(self._heal, lambda text: Router.write("stderr", text + "\n"),
+                                 lambda r: self.ranks[r].label())
 
     def _became_current(self) -> None:
         Cluster.latest = self
@@ -265,6 +281,8 @@ class Cluster:
         return self.spec.world_size
 
     def _require_running(self, doing: str = "do that") -> None:
+        if not self._settled.is_set():  # --heal is rebuilding the world: wait for it
+            self._settled.wait(self.spec.start_timeout + 5.0)
         self.state.require(ClusterState.RUNNING, doing=doing)
 
     # ------------------------------------------------------------------ stop / restart
@@ -273,15 +291,18 @@ class Cluster:
 
         ``keep_logs``: a directory to copy each rank's full output log into first.
         """
-        if self.state in (ClusterState.STOPPING, ClusterState.STOPPED):
-            return
-        if self.running and not self._receiver.is_current_thread():
-            self.flush(timeout=min(timeout, 1.0))  # the last RPC's output is still shown
-        try:
-            if keep_logs is not None:
-                self._copy_logs(keep_logs)
-        finally:
-            self._world.teardown(timeout)
+        if self.healer is not None:
+            self.healer.stop()
+        with self._lifecycle:
+            if self.state in (ClusterState.STOPPING, ClusterState.STOPPED):
+                return
+            if self.running and not self._receiver.is_current_thread():
+                self.flush(timeout=min(timeout, 1.0))  # the last RPC's output is still shown
+            try:
+                if keep_logs is not None:
+                    self._copy_logs(keep_logs)
+            finally:
+                self._world.teardown(timeout)
 
     def _copy_logs(self, dest: str) -> None:
         os.makedirs(dest, exist_ok=True)
@@ -289,14 +310,73 @@ class Cluster:
         for path in self.router.log_paths().values():
             shutil.copy2(path, os.path.join(dest, os.path.basename(path)))
 
-    def restart(self, n: int | None = None, *, quiet: bool = False, **changes: Any) -> Cluster:
+    def restart(self, n: int | None = None, *, keep: bool = False, quiet: bool = False,
+                **changes: Any) -> Cluster:
         """Stop this world and start a new one; unspecified settings stay as they were
-        (``hosts=()`` drops the hosts)."""
+        (``hosts=()`` drops the hosts).
+
+        ``keep=True`` (``%dist_restart --keep``) rebuilds this world in place and returns
+        this ``Cluster``: live workers keep their process and ``__main__`` (variables, open
+        files, loaded data) and rejoin a new RPC world (RRefs, distributed-autograd contexts
+        and the process group are new); dead ranks, and ranks a larger ``n`` adds, start
+        fresh under their number and name; a smaller ``n`` stops the ranks beyond it. One
+        line says which ranks kept their state. A rank whose host changes starts fresh.
+        """
         spec = _changed(self.spec, n, changes)
+        if keep and self.running:
+            self._rebuild(spec, quiet)
+            return self
+        if keep and not quiet:
+            print("nbdist: this world is not running, so no rank has state to keep; "
+                  "starting a fresh one")
         self.stop()
         cluster = Cluster(spec)
         cluster._start(quiet=quiet)
         return cluster
+
+    def _rebuild(self, spec: WorldSpec, quiet: bool, healing: list[int] | None = None) -> None:
+        """``restart(keep=True)`` of a running world (``healing``: the ranks --heal replaces)."""
+        old = self.spec
+        for key in ("hosts", "iface", "launcher", "remote_python"):
+            if getattr(spec, key) != getattr(old, key):
+                raise ValueError(f"--keep cannot change {key.replace('_', '-')}: restart "
+                                 "without --keep to change the machines of a world")
+        with self._lifecycle:
+            self._require_running("restart keeping state")
+            if not self._receiver.is_current_thread():
+                self.flush(timeout=1.0)
+            placement = spec.placement()
+            kept = {r for r, i in self.ranks.items() if r and r < spec.world_size
+                    and i.alive and placement[r] == i.host}
+            before = {r: (i.alive, i.reason()) for r, i in self.ranks.items() if r}
+            epoch = next(SESSION.epochs)
+            self._settled.clear()
+            try:
+                self._world.rebuild(spec, spec.names(), epoch, kept)
+            finally:
+                self._settled.set()
+            self.spec, self.names, self.epoch = spec, spec.names(), epoch
+            Cluster.last_spec = spec
+            if self.healer is None and spec.heal:
+                self.healer = Healer(self._heal, lambda t: Router.write("stderr", t + "\n"),
+                                     lambda r: self.ranks[r].label())
+            line = _kept_line(spec.world_size, self._world.startup_seconds, kept, before,
+                              healing)
+            events.event("heal" if healing else "restart", line)
+            if healing:
+                Router.write("stderr", line + "\n")
+            elif not quiet:
+                print(line)
+
+    def _died(self, rank: int) -> None:
+        """A worker of the running world exited (a launcher's reader thread)."""
+        if self.healer is not None:
+            self.healer.died(rank)
+
+    def _heal(self, ranks: list[int]) -> None:
+        """The healer's call: rebuild keeping every live rank, if the world still runs."""
+        if self.running and any(not self.ranks[r].alive for r in ranks if r in self.ranks):
+            self._rebuild(self.spec, quiet=True, healing=ranks)
 
     def __enter__(self) -> Cluster:
         return self
@@ -313,6 +393,34 @@ def _stop_at_exit() -> None:
     """The process is exiting: stop its world quickly (after the template and agents)."""
     if Cluster.latest is not None:
         Cluster.latest.stop(timeout=1.0)
+
+
+def _kept_line(size: int, seconds: float, kept: set[int], before: dict[int, tuple],
+               healing: list[int] | None) -> str:
+    """The one line a keep-restart prints: which ranks kept their state, which came back
+    empty and why, which were stopped."""
+    fresh = []
+    for r in range(1, size):
+        if r in kept:
+            continue
+        if r not in before:
+            fresh.append(f"{r} (new)")
+        elif not before[r][0]:
+            fresh.append(f"{r} ({before[r][1]})")
+        else:
+            fresh.append(f"{r} (moved host)")
+    stopped = sorted(r for r in before if r >= size)
+    head = "healed" if healing else f"{size} ranks ready"
+    parts = [f"kept state: {_ranks(sorted(kept))}" if kept else "no rank kept state"]
+    if fresh:
+        parts.append("fresh: " + ", ".join(fresh))
+    if stopped:
+        parts.append(f"stopped: {_ranks(stopped)}")
+    return f"nbdist: {head} in {seconds:.2f}s; " + "; ".join(parts)
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ", ".join(map(str, ranks))
 
 
 SESSION.on_exit.append(_stop_at_exit)

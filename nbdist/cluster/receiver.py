@@ -66,6 +66,11 @@ class Receiver:
     def start(self) -> None:
         self._thread.start()
 
+    @property
+    def started(self) -> bool:
+        """Whether ``start`` was called (a kept world's rebuild finds it running)."""
+        return self._thread.ident is not None
+
     def is_current_thread(self) -> bool:
         return threading.current_thread() is self._thread
 
@@ -95,7 +100,8 @@ class Receiver:
     def _loop(self) -> None:
         next_tick = 0.0
         while not self._stopping:
-            by_fd = {i.channel.fileno(): i for i in self.ranks.values()
+            # list() copies in one step: a keep-restart adds and removes ranks meanwhile
+            by_fd = {i.channel.fileno(): i for i in list(self.ranks.values())
                      if i.channel is not None and not i.channel.closed}
             try:
                 ready, _, _ = select.select([self._wake_r, *by_fd], [], [], TICK)

@@ -29,7 +29,8 @@ from ..telemetry import tracing
 from .ranks import RankInfo
 from .router import Router, StatusLine
 
-__all__ = ["Rank0", "StartWatch", "torch_iface", "worker_config"]
+__all__ = ["REJOIN_KEYS", "Rank0", "StartWatch", "rejoin_config", "torch_iface",
+           "worker_config"]
 
 _DEADLINE_SLACK = 0.5  # a torch wait ending this close to the start deadline is its timeout
 
@@ -54,7 +55,7 @@ def worker_config(spec: WorldSpec, names: list[str], rank: int, world_dir: str,
         extra = None
     else:
         env, threads, extra = None, spec.threads, {**spec.env, **ours}
-    rendezvous = _rendezvous(world_dir, hosted=store is not None)
+    rendezvous = _rendezvous(world_dir, epoch, hosted=store is not None)
     return {
         "rank": rank, "name": names[rank], "world_size": spec.world_size,
         "socket": socket, "authkey": key, "cwd": os.getcwd(),
@@ -67,14 +68,26 @@ def worker_config(spec: WorldSpec, names: list[str], rank: int, world_dir: str,
     }
 
 
-def _rendezvous(world_dir: str, hosted: bool) -> dict[str, str]:
-    """init_method of the RPC world and of the process group: the world directory's file
-    store, or in a world with hosts the notebook's store (``proc.store``)."""
+#: What a kept worker takes from a new world's config when it rejoins (``proc.protocol.Rejoin``);
+#: the rest (environment, paths, threads, as its host adapted them) stays as it started.
+REJOIN_KEYS = ("name", "world_size", "socket", "authkey", "rpc_init", "rpc_timeout",
+               "process_group", "pg_init", "pg_timeout", "start_timeout", "epoch", "store")
+
+
+def rejoin_config(config: dict) -> dict:
+    """The part of ``worker_config``'s result a kept rank needs to join the new world."""
+    return {k: config[k] for k in REJOIN_KEYS}
+
+
+def _rendezvous(world_dir: str, epoch: int, hosted: bool) -> dict[str, str]:
+    """init_method of the RPC world and of the process group: files of the world directory
+    named for the epoch (a kept world is rebuilt in the same directory), or in a world with
+    hosts the notebook's store (``proc.store``; a fresh one each time)."""
     if hosted:
         from ..proc.store import rendezvous_url  # imports torch: only once a world starts
 
         return {p: rendezvous_url(p) for p in ("rpc", "pg")}
-    return {p: f"file://{world_dir}/{p}" for p in ("rpc", "pg")}
+    return {p: f"file://{world_dir}/{p}-{epoch}" for p in ("rpc", "pg")}
 
 
 class StartWatch:
@@ -102,9 +115,10 @@ class StartWatch:
         who = ", ".join(self.ranks[r].label() for r in sorted(waiting))
         return DistTimeoutError(f"timed out after {self.timeout:g}s waiting for {who} to {what}")
 
-    def accept_all(self, listener: Listener) -> None:
-        """Take one authenticated connection per worker; strays are dropped, not fatal."""
-        missing = {r for r in self.ranks if r}
+    def accept_all(self, listener: Listener, expect: set[int] | None = None) -> None:
+        """Take one authenticated connection per worker forked for this world (``expect``,
+        default every worker); strays are dropped, not fatal."""
+        missing = {r for r in self.ranks if r} if expect is None else set(expect)
         while missing:
             self.check(missing, "connect to the notebook")
             try:
@@ -207,7 +221,7 @@ class Rank0:
             from ..proc import store
 
             store.use(self.store)
-        init = _rendezvous(self.world_dir, hosted=self.store is not None)
+        init = _rendezvous(self.world_dir, self.epoch, hosted=self.store is not None)
         opts = rpc.TensorPipeRpcBackendOptions(init_method=init["rpc"], rpc_timeout=left)
         with torch_iface(self.ifname), _gloo_timeout(left):
             self._in_thread(lambda: rpc.init_rpc(self.names[0], rank=0,

@@ -27,7 +27,7 @@ from ..proc import netif
 from ..proc.channel import Listener
 from ..proc.hosts import HostAgent, launcher_argv, start_agents
 from ..proc.launch import Launcher
-from ..proc.protocol import Stop
+from ..proc.protocol import Rejoin, Stop
 from ..proc.runtime import pid_alive
 from ..spec import WorldSpec
 from ..telemetry import records, tracing
@@ -37,7 +37,7 @@ from .ranks import ClusterState, RankInfo
 from .receiver import Receiver
 from .router import Router
 from .session import SESSION
-from .startup import Rank0, StartWatch, worker_config
+from .startup import Rank0, StartWatch, rejoin_config, worker_config
 
 __all__ = ["World"]
 
@@ -46,15 +46,17 @@ class World:
     """A world's processes and connections; satisfies ``rpc_hooks.WorldHooks`` while running.
 
     ``on_up`` is called once every worker is connected, before rank 0 joins the RPC world
-    (from then on the world is the process's current one); ``on_down`` when it has stopped.
+    (from then on the world is the process's current one); ``on_down`` when it has stopped;
+    ``on_death(rank)`` when a worker of the running world exits.
     """
 
     def __init__(self, spec: WorldSpec, names: list[str], ranks: dict[int, RankInfo],
                  cv: threading.Condition, router: Router, cells: Cells, receiver: Receiver,
-                 epoch: int, on_up: Callable[[], None], on_down: Callable[[], None]) -> None:
+                 epoch: int, on_up: Callable[[], None], on_down: Callable[[], None],
+                 on_death: Callable[[int], None] | None = None) -> None:
         self.spec, self.names, self.ranks, self.cv = spec, names, ranks, cv
         self.router, self.cells, self.receiver, self.epoch = router, cells, receiver, epoch
-        self._on_up, self._on_down = on_up, on_down
+        self._on_up, self._on_down, self._on_death = on_up, on_down, on_death
         self._by_name = {nm: r for r, nm in enumerate(names)}
         self.state = ClusterState.NEW
         self.startup_seconds = 0.0
@@ -65,6 +67,7 @@ class World:
         self.agents: dict[str, HostAgent] = {}  # host -> its join agent
         self.store: Any = None  # a host world's rendezvous StoreServer
         self.followups = FollowUps(cells.interrupt_rpc)
+        self.key = os.urandom(32)  # authenticates control connections and the store
 
     @property
     def running(self) -> bool:
@@ -82,12 +85,76 @@ class World:
         self.state.require(ClusterState.NEW, doing="start")
         self.state = ClusterState.STARTING
         t0 = time.monotonic()
-        spec, iface = self.spec, self.iface
+        spec = self.spec
         watch = StartWatch(self.ranks, t0 + spec.start_timeout, spec.start_timeout, self.cv)
+        template = self._warm_template(quiet, keeping=False)
+        try:
+            self.world_dir = tempfile.mkdtemp(prefix="w", dir=SESSION.runtime())
+            self.router.keep_logs_in(os.path.join(self.world_dir, "logs"))
+            if self.iface is not None:
+                self._start_agents(self.iface, watch)
+            self.ranks[0].pid = os.getpid()
+            self.ranks[0].ready = True
+            self._join_all(template, watch, kept=set())
+        except BaseException as exc:
+            self.teardown()
+            if isinstance(exc, (StartError, DistTimeoutError, KeyboardInterrupt)):
+                raise
+            raise StartError(f"could not start the world: {exc}") from exc
+        self._running(t0)
+        if not quiet:
+            print(f"nbdist: {spec.world_size} ranks ready in {self.startup_seconds:.2f}s: "
+                  + ", ".join(f"{r}={nm}" for r, nm in enumerate(self.names)))
+
+    def rebuild(self, spec: WorldSpec, names: list[str], epoch: int, kept: set[int]) -> None:
+        """Keep-restart: the same world directory, receiver and cells; ranks in ``kept`` keep
+        their process (and ``__main__``) and rejoin a new RPC world of ``spec``; every other
+        worker rank is forked fresh under its number, ranks beyond the new size are stopped.
+        On failure everything is torn down, as a failed start is."""
+        self.state.require(ClusterState.RUNNING, doing="restart keeping state")
+        self.state = ClusterState.STARTING
+        t0 = time.monotonic()
+        try:
+            self._leave_rpc()
+            gone = [i for r, i in self.ranks.items() if r and (r not in kept)]
+            self._stop_workers(5.0, gone)
+            with self.cv:
+                for info in gone:
+                    chan, info.channel = info.channel, None
+                    if chan is not None:
+                        chan.close(timeout=0.5)
+                    del self.ranks[info.rank]
+                self.spec, self.names, self.epoch = spec, names, epoch
+                self._by_name = {nm: r for r, nm in enumerate(names)}
+                placement, now = spec.placement(), time.time()
+                for r in range(1, spec.world_size):
+                    if r in kept:
+                        self.ranks[r].name, self.ranks[r].ready = names[r], False
+                    else:
+                        self.ranks[r] = RankInfo(r, names[r], started=now, host=placement[r])
+                self.ranks[0].name = names[0]
+            self.receiver.poke()
+            watch = StartWatch(self.ranks, t0 + spec.start_timeout, spec.start_timeout, self.cv)
+            template = self._warm_template(quiet=True, keeping=True)
+            if self.store is not None:
+                self.store.close()
+                self.store = None
+            self._join_all(template, watch, kept=kept)
+        except BaseException as exc:
+            self.teardown()
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            raise StartError(f"could not rebuild the world, so every rank was stopped "
+                             f"(`%dist_restart` starts a fresh one): {exc}") from exc
+        self._running(t0)
+
+    def _warm_template(self, quiet: bool, keeping: bool) -> Launcher:
+        """The session's template, started if it is not; a fresh one if the environment
+        torch was imported under changed (not while it is the parent of kept ranks)."""
         template = SESSION.get_template()
-        if spec.n:
+        if self.spec.n:
             changed = template.env_changed()
-            if changed:  # its torch was imported under the old values: workers must see these
+            if changed and not keeping:  # its torch was imported under the old values
                 template.close()
                 if not quiet:
                     print(f"nbdist: {', '.join(changed)} changed since the worker template "
@@ -98,53 +165,57 @@ class World:
         if not rpc.is_available():
             raise StartError("this torch build has no torch.distributed.rpc; install a build "
                              "with distributed support")
-        try:
-            self.world_dir = tempfile.mkdtemp(prefix="w", dir=SESSION.runtime())
-            self.router.keep_logs_in(os.path.join(self.world_dir, "logs"))
-            key = os.urandom(32)
-            store_address = None
-            if iface is not None:
-                self._start_agents(iface, watch)
-                self.listener = Listener((iface.address, 0), key)
-                from ..proc.store import MemoryStore, StoreServer
+        return template
 
-                self.store = StoreServer(MemoryStore(spec.start_timeout), (iface.address, 0),
-                                         key)
-                store_address = self.store.address
-            else:
-                self.listener = Listener(os.path.join(self.world_dir, "ctl"), key)
-            template.on_exit = self.on_exit
-            configs = [worker_config(spec, self.names, r, self.world_dir, self.listener.path,
-                                     key, self.epoch, store=store_address,
-                                     ifname=iface.name if iface else "lo")
-                       for r in range(1, spec.world_size)]
-            self.ranks[0].pid = os.getpid()
-            self.ranks[0].ready = True
-            self._spawn_all(template, configs, watch)
-            watch.accept_all(self.listener)
-            self.listener.close()  # every rank is in: nothing listens for the rest of the world
+    def _join_all(self, template: Launcher, watch: StartWatch, kept: set[int]) -> None:
+        """Fork the ranks not ``kept``, tell the kept ones to rejoin, and join as rank 0;
+        returns once every rank answered an RPC."""
+        spec, iface = self.spec, self.iface
+        store_address = None
+        if iface is not None:
+            self.listener = Listener((iface.address, 0), self.key)
+            from ..proc.store import MemoryStore, StoreServer
+
+            self.store = StoreServer(MemoryStore(spec.start_timeout), (iface.address, 0),
+                                     self.key)
+            store_address = self.store.address
+        else:
+            assert self.world_dir is not None
+            self.listener = Listener(os.path.join(self.world_dir, f"ctl-{self.epoch}"),
+                                     self.key)
+        template.on_exit = self.on_exit
+        configs = [worker_config(spec, self.names, r, self.world_dir, self.listener.path,
+                                 self.key, self.epoch, store=store_address,
+                                 ifname=iface.name if iface else "lo")
+                   for r in range(1, spec.world_size)]
+        for cfg in configs:
+            if cfg["rank"] in kept:
+                info = self.ranks[cfg["rank"]]
+                if info.channel is None or not info.alive:
+                    raise WorkerDiedError(info.rank, info.name, info.reason(),
+                                          "asked to rejoin")
+                info.channel.send(Rejoin(rejoin_config(cfg)))
+        self._spawn_all(template, [c for c in configs if c["rank"] not in kept], watch)
+        watch.accept_all(self.listener, {r for r in self.ranks if r and r not in kept})
+        self.listener.close()  # every rank is in: nothing listens for the rest of the world
+        if not self.receiver.started:
             self.receiver.start()
-            self._on_up()
-            rpc_hooks.attach(self)
-            self.rank0 = Rank0(spec, self.names, self.world_dir, self.epoch,
-                               store=self.store.store if self.store else None, iface=iface)
-            SESSION.settle_joiner(watch.deadline)
-            self.rank0.join(watch)
-            watch.wait_ready()
-            watch.ping_all()
-        except BaseException as exc:
-            self.teardown()
-            if isinstance(exc, (StartError, DistTimeoutError, KeyboardInterrupt)):
-                raise
-            raise StartError(f"could not start the world: {exc}") from exc
+        self.receiver.poke()
+        self._on_up()
+        rpc_hooks.attach(self)
+        self.rank0 = Rank0(spec, self.names, self.world_dir, self.epoch,  # type: ignore[arg-type]
+                           store=self.store.store if self.store else None, iface=iface)
+        SESSION.settle_joiner(watch.deadline)
+        self.rank0.join(watch)
+        watch.wait_ready()
+        watch.ping_all()
+
+    def _running(self, t0: float) -> None:
         self.state = ClusterState.RUNNING
         self.startup_seconds = time.monotonic() - t0
         records.set_identity(0, self.names[0])
         tracing.arm(0, self.names[0])
         tracing.set_peers(self.live_worker_names)
-        if not quiet:
-            print(f"nbdist: {spec.world_size} ranks ready in {self.startup_seconds:.2f}s: "
-                  + ", ".join(f"{r}={nm}" for r, nm in enumerate(self.names)))
 
     def _start_agents(self, iface: netif.Interface, watch: StartWatch) -> None:
         """The join agent of every host is running (launched now if it is not)."""
@@ -201,6 +272,8 @@ class World:
                 if self.running:
                     self.router.flush(info.rank)
                     Router.write("stderr", f"nbdist: {info.label()} {info.reason()}\n")
+                    if self._on_death is not None:
+                        self._on_death(info.rank)
                 return
 
     # ------------------------------------------------------------------ rpc_hooks.WorldHooks
@@ -251,14 +324,8 @@ class World:
         self.state = ClusterState.STOPPING
         try:
             self.router.muted = True
-            rpc_hooks.detach()
-            tracing.set_peers(None)
-            self.followups.stop()
-            if self.rank0 is not None:  # first, so rank 0's agent does not complain
-                self.rank0.leave()
-                if self.rank0.joiner is not None:
-                    SESSION.joiner = self.rank0.joiner
-            self._stop_workers(timeout)
+            self._leave_rpc()
+            self._stop_workers(timeout, [i for r, i in self.ranks.items() if r])
             for info in self.ranks.values():
                 chan, info.channel = info.channel, None
                 if chan is not None:
@@ -275,10 +342,21 @@ class World:
             self.state = ClusterState.STOPPED
             self._on_down()
 
-    def _stop_workers(self, timeout: float) -> None:
-        """Ask each worker to stop; SIGKILL (through its template or agent) at half the
-        timeout."""
-        workers = [i for r, i in self.ranks.items() if r and i.alive]
+    def _leave_rpc(self) -> None:
+        """Rank 0 leaves the RPC world (first, so its agent does not complain of the others)."""
+        rpc_hooks.detach()
+        tracing.set_peers(None)
+        self.followups.stop()
+        self.followups = FollowUps(self.cells.interrupt_rpc)
+        if self.rank0 is not None:
+            self.rank0.leave()
+            if self.rank0.joiner is not None:
+                SESSION.joiner = self.rank0.joiner
+
+    def _stop_workers(self, timeout: float, among: list[RankInfo]) -> None:
+        """Ask each worker of ``among`` to stop; SIGKILL (through its template or agent) at
+        half the timeout."""
+        workers = [i for i in among if i.alive]
         for info in workers:
             if info.channel is not None:
                 try:

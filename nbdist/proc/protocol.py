@@ -46,6 +46,7 @@ __all__ = [
     "Output",
     "ProtocolError",
     "Ready",
+    "Rejoin",
     "Result",
     "Spawn",
     "Spawned",
@@ -219,6 +220,17 @@ class Stop(Message):
     """N→W: flush and exit now."""
 
     TAG: ClassVar[str] = "stop"
+
+
+@_message
+class Rejoin(Message):
+    """N→W: leave the current RPC world (and process group) and join the one ``config``
+    describes, keeping this process and its ``__main__`` (``%dist_restart --keep``). Only the
+    joining keys of a worker config travel (``cluster.startup.REJOIN_KEYS``); the worker
+    answers ``Ready`` once it is in, or ``Failed`` and exits."""
+
+    TAG: ClassVar[str] = "rejoin"
+    config: dict
 
 
 # ---- debugging a rank -------------------------------------------------------------------------

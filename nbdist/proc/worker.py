@@ -37,6 +37,7 @@ from .protocol import (
     Output,
     ProtocolError,
     Ready,
+    Rejoin,
     Result,
     Stop,
 )
@@ -44,6 +45,8 @@ from .protocol import (
 __all__ = ["run_forked", "current_channel"]
 
 _channel: Channel | None = None
+_cfg: dict = {}  # this worker's config, its joining keys updated by each ``Rejoin``
+_rejoining = threading.Lock()  # held while a rejoin thread leaves one world for the next
 _debugger: Debugger = None  # type: ignore[assignment] - set at start-up
 _executing = False
 _rank = -1
@@ -70,8 +73,8 @@ def _on_sigint(signum: int, frame: Any) -> None:
 
 def run_forked(cfg: dict) -> None:
     """Entry point in the freshly forked child; never returns."""
-    global _channel, _rank
-    _rank = cfg["rank"]
+    global _channel, _rank, _cfg
+    _rank, _cfg = cfg["rank"], cfg
     code = 0
     try:
         _die_with_parent()
@@ -244,6 +247,60 @@ def _join_world(cfg: dict) -> None:
                                 timeout=timedelta(seconds=cfg["pg_timeout"]))
 
 
+def _leave_world() -> None:
+    """Leave this process's RPC world and process group without waiting for any peer, and
+    forget the per-process state that would keep it from joining the next one (the same
+    reset rank 0 does before each world; ``patches.torch_private`` pins the names)."""
+    import torch.distributed as dist
+    import torch.distributed.rpc as rpc
+
+    from ..patches import rref_reset
+
+    rpc_hooks.interrupt_rpc_threads()  # a function still running would hold up the shutdown
+    if dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception:  # noqa: BLE001 - the group's peers may be gone
+            pass
+    try:
+        rpc.shutdown(graceful=False)
+    except Exception:  # noqa: BLE001 - not initialised, or its peers gone
+        pass
+    rpc_hooks.reset_world_state()
+    rref_reset.reset_singleton()
+
+
+def _start_rejoin(update: dict) -> None:
+    """``Rejoin``: leave and join in a thread of its own, so this reader stays free for
+    interrupts and a ``Stop`` (which ends the process wherever the rejoin is)."""
+    threading.Thread(target=_rejoin, args=(update,), name="nbdist-rejoin",
+                     daemon=True).start()
+
+
+def _rejoin(update: dict) -> None:
+    """Leave the old world, join the new one under the same rank, say ``Ready``; on failure
+    say ``Failed`` with the traceback and exit (the notebook's start then names this rank)."""
+    global _cfg
+    assert _channel is not None
+    with _rejoining:
+        try:
+            _leave_world()
+            _cfg = {**_cfg, **update}
+            os.environ["NBDIST_WORLD_SIZE"] = str(_cfg["world_size"])
+            _join_world(_cfg)
+            from ..telemetry import tracing
+
+            tracing.arm(_rank, _cfg["name"])
+            _channel.send(Ready(_rank, os.getpid()))
+        except BaseException:  # noqa: BLE001 - reported, then this process ends
+            try:
+                _channel.send(Failed(_rank, traceback.format_exc()))
+                _flush_all()
+                _channel.close(timeout=2.0)
+            finally:
+                os._exit(1)
+
+
 def _serve(ns: dict) -> None:
     """Main-thread loop: run cells handed over by the reader thread until told to stop."""
     assert _channel is not None
@@ -297,6 +354,8 @@ def _read_commands(cells: queue.Queue) -> None:
             _debugger.end_all()
             signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
             _drop_queued_output()
+        elif isinstance(msg, Rejoin):
+            _start_rejoin(msg.config)
         elif isinstance(msg, Flush):  # everything printed or logged so far goes before the ack
             _flush_all()
             _channel.send(Flushed(_rank, msg.token))
