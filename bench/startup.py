@@ -11,6 +11,10 @@ hits all of them:
 - ``nbdist warm``: ``nbdist.start(N)`` in this process, no world running, template warm
   (``%dist_stop`` then ``%dist_start``).
 - ``nbdist restart``: ``c = c.restart(N)`` in this process, a world of N running.
+- ``nbdist keep-restart``: ``c.restart(N, keep=True)`` (``%dist_restart --keep``): the N
+  workers keep their processes and rejoin a rebuilt RPC world.
+- ``nbdist heal``: in a world started with ``heal=True``, from the SIGKILL of rank 1 until
+  its replacement answered and the world runs again (the others keep their state).
 - ``mp spawn``: ``torch.multiprocessing`` spawn + ``init_rpc`` (``file://``), parent rank 0,
   until every child answered an ``rpc_sync``.
 - ``ipyparallel``: ``ipp.Cluster(n=N).start_and_connect_sync()`` then ``import torch`` on all
@@ -72,6 +76,8 @@ LABELS = {
     "nbdist_cold_import": "nbdist cold + import torch",
     "nbdist_warm": "nbdist warm start",
     "nbdist_restart": "nbdist restart",
+    "nbdist_keep": "nbdist keep-restart",
+    "nbdist_heal": "nbdist heal (kill to ready)",
     "mp_spawn": "mp spawn + init_rpc",
     "ipp_connect": "ipyparallel connect",
     "ipyparallel": "ipyparallel + import torch",
@@ -276,12 +282,39 @@ class Bench:
             dt = time.perf_counter() - since
             self.add("nbdist_restart", n, dt, _tree_cpu() - cpu0, phases.breakdown(since))
             times.append(dt)
+        kept = []
+        for _ in range(self.args.restarts):
+            since = time.perf_counter()
+            cpu0 = _tree_cpu()
+            self.cluster.restart(n, keep=True, quiet=True)
+            dt = time.perf_counter() - since
+            self.add("nbdist_keep", n, dt, _tree_cpu() - cpu0)
+            kept.append(dt)
+        healed = self._heal_once(n)
         t0 = time.perf_counter()
         self.cluster.stop()
         self.add("nbdist_stop", n, time.perf_counter() - t0)
         self.cluster = None
         return (f"warm {t:.2f}s{'' if warm else ' (template was cold)'}, restart "
-                + "/".join(f"{x:.2f}" for x in times) + "s")
+                + "/".join(f"{x:.2f}" for x in times) + "s, keep "
+                + "/".join(f"{x:.2f}" for x in kept) + f"s, heal {healed:.2f}s")
+
+    def _heal_once(self, n: int) -> float:
+        """Seconds from killing rank 1 of a healing world to its replacement's readiness."""
+        c = self.cluster
+        c.restart(n, keep=True, heal=True, quiet=True)
+        old = c.ranks[1].pid
+        since = time.perf_counter()
+        cpu0 = _tree_cpu()
+        os.kill(old, signal.SIGKILL)
+        while not (c.running and c.ranks[1].pid != old and c.ranks[1].ready):
+            if time.perf_counter() - since > self.args.timeout:
+                raise BenchError(f"--heal did not replace rank 1 within {self.args.timeout}s")
+            time.sleep(0.002)
+        dt = time.perf_counter() - since
+        self.add("nbdist_heal", n, dt, _tree_cpu() - cpu0)
+        c.restart(n, keep=True, heal=False, quiet=True)
+        return dt
 
     def mp_spawn(self, n: int) -> str:
         r = _run_child("mp", n, self.args.timeout, self.env, self.logdir)
@@ -424,7 +457,8 @@ def summarize(b: Bench, info: dict) -> dict:
     ratios = {n: {"ipyparallel/nbdist_cold": ratio("ipyparallel", "nbdist_cold", n),
                   "ipyparallel/nbdist_restart": ratio("ipyparallel", "nbdist_restart", n),
                   "mp_spawn/nbdist_cold": ratio("mp_spawn", "nbdist_cold", n),
-                  "mp_spawn/nbdist_restart": ratio("mp_spawn", "nbdist_restart", n)}
+                  "mp_spawn/nbdist_restart": ratio("mp_spawn", "nbdist_restart", n),
+                  "nbdist_restart/nbdist_keep": ratio("nbdist_restart", "nbdist_keep", n)}
               for n in ns}
     cell = {k: {kk: vv * 1e3 if kk != "n" and kk != "samples" else vv
                 for kk, vv in _stats(v).items() if kk != "samples"} for k, v in b.cell.items()}
@@ -497,12 +531,13 @@ def render(res: dict) -> str:
         lines.append(f"| {n} | " + " | ".join(cells) + " |")
     lines += ["", "Ratios of medians (how many times longer than nbdist):", "",
               "| N | ipyparallel / nbdist cold | ipyparallel / nbdist restart "
-              "| mp spawn / nbdist cold | mp spawn / nbdist restart |", "|---|---|---|---|---|"]
+              "| mp spawn / nbdist cold | mp spawn / nbdist restart "
+              "| nbdist restart / keep-restart |", "|---|---|---|---|---|---|"]
     for n in ns:
         r = res["ratios"][n]
-        lines.append(f"| {n} | " + " | ".join(_fmt(r[k], "x", 1) for k in (
+        lines.append(f"| {n} | " + " | ".join(_fmt(r.get(k), "x", 1) for k in (
             "ipyparallel/nbdist_cold", "ipyparallel/nbdist_restart", "mp_spawn/nbdist_cold",
-            "mp_spawn/nbdist_restart")) + " |")
+            "mp_spawn/nbdist_restart", "nbdist_restart/nbdist_keep")) + " |")
     ckeys = [k for k in LABELS if k in cpu]
     lines += ["", "CPU seconds (user + system, whole process tree) spent getting ready, median "
               "(less sensitive to the machine's load than wall time):", "",

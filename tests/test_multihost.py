@@ -471,3 +471,24 @@ def test_dist_restart_after_dist_stop_keeps_the_hosts(own):
     c = nbdist.current()
     assert c.spec == before and c.world_size == 3
     assert rpc.rpc_sync(c.names[2], where)[0] == _netns_inode(fh.ns["a"])
+
+
+def test_keep_restart_across_hosts_replaces_a_killed_rank_and_keeps_the_rest(own):
+    """Issue 18 across machines: rank 4 on host b is killed; `restart(keep=True)` forks it
+    again through b's agent while every other rank, on every host, keeps its process and
+    variables, and the world rendezvouses through a fresh store."""
+    fh = own
+    c = _start(fh)
+    try:
+        c.run("import os\nmarker = os.getpid()", show=False)
+        before = {r: c.ranks[r].pid for r in range(1, 6)}
+        os.kill(before[4], signal.SIGKILL)  # same pid namespace: the ranks are our own kin
+        wait_until(lambda: not c.ranks[4].alive, 10.0, "rank 4 to be marked dead")
+        assert c.restart(keep=True, quiet=True) is c
+        got = c.run("globals().get('marker')", show=False)
+        assert got == {1: str(before[1]), 2: str(before[2]), 3: str(before[3]), 4: None,
+                       5: str(before[5])}
+        assert rpc.rpc_sync(c.names[4], where)[0] == _netns_inode(fh.ns["b"])
+        assert rpc.rpc_sync(c.names[2], os.getpid) == before[2]
+    finally:
+        c.stop()
