@@ -237,3 +237,32 @@ def test_stop_during_heal_leaves_nothing_running(world):
     assert not c.running
     with pytest.raises(ClusterStateError):
         c.run("1", show=False)
+
+
+def _pid():
+    return os.getpid()
+
+
+def test_the_dashboard_shows_a_keep_restart_as_an_event(world):
+    from nbdist.display import Dashboard, render
+    from nbdist.telemetry import tracing
+
+    c = world(1)
+    tracing.clear()
+    for _ in range(30):
+        rpc.rpc_sync("worker1", _pid)
+    c.restart(keep=True, quiet=True)
+    for _ in range(30):
+        rpc.rpc_sync("worker1", _pid)
+    d = Dashboard(widgets=False)
+    try:
+        snap = d.snapshot()
+        assert snap.events[-1]["kind"] == "restart" and "kept state: 1" in \
+            snap.events[-1]["text"]
+        assert "last restart" in snap.title
+        fig = render.latency_figure(snap)
+        dotted = [ln for ax in fig.axes for ln in ax.lines if ln.get_linestyle() == ":"]
+        assert len(dotted) >= 2  # the event in both RPC panels
+        assert render.to_png(render.dashboard_figure(snap)).startswith(b"\x89PNG")
+    finally:
+        d.close()

@@ -15,7 +15,7 @@ import time
 from contextlib import AbstractContextManager
 from typing import Any, ClassVar
 
-from ..errors import ClusterStateError, WorkerDiedError
+from ..errors import ClusterStateError, StartError, WorkerDiedError
 from ..patches import rpc_hooks
 from ..proc.hosts import slurm_hosts
 from ..proc.protocol import Debug
@@ -336,6 +336,12 @@ class Cluster:
 
     def _rebuild(self, spec: WorldSpec, quiet: bool, healing: list[int] | None = None) -> None:
         """``restart(keep=True)`` of a running world (``healing``: the ranks --heal replaces)."""
+        from ..patches.torch_private import usable
+
+        if not usable("restart"):  # every rank would wait in init_rpc until the deadline
+            raise StartError("this torch hides the RPC state nbdist resets between worlds "
+                             "(see `%load_ext nbdist`'s report), so no rank can rejoin: "
+                             "restart without --keep")
         old = self.spec
         for key in ("hosts", "iface", "launcher", "remote_python"):
             if getattr(spec, key) != getattr(old, key):

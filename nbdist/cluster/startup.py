@@ -188,6 +188,7 @@ class Rank0:
         self.rpc_up = False
         self.pg_up = False
         self.joiner: threading.Thread | None = None
+        self._excepthook = sys.excepthook  # init_process_group wraps it; leave() restores it
 
     def join(self, watch: StartWatch) -> None:
         import torch.distributed as dist
@@ -282,6 +283,7 @@ class Rank0:
             except Exception:  # noqa: BLE001
                 pass
             self.pg_up = False
+            sys.excepthook = self._excepthook  # else each world adds one more "[rank0]:"
         if self.rpc_up:
             try:
                 rpc.shutdown(graceful=False)

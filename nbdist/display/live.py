@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from time import perf_counter
 from typing import Any
 
-from ..telemetry import records, timing, tracing
+from ..telemetry import events, records, timing, tracing
 from . import render
 from .collect import SeriesStore
 
@@ -127,18 +127,20 @@ class Dashboard:
                                samples=tracing.samples(), rows=rows,
                                timings=timing.timings() + self.store.timing_rows(),
                                window=self.window,
-                               title=self._title_text(rows))
+                               title=self._title_text(rows), events=events.events())
 
     def _title_text(self, rows: list[dict]) -> str:
         alive = sum(1 for r in rows if r.get("alive"))
         when = datetime.datetime.now().strftime("%H:%M:%S")
         world = f"{alive}/{len(rows)} ranks alive" if rows else "no world running"
+        last = render.last_event_text(events.events())
         return (f"nbdist dashboard: {world}, {self.store.count:,} records, "
-                f"{tracing.total_calls():,} RPCs traced, {when}")
+                f"{tracing.total_calls():,} RPCs traced, {when}"
+                + (f", last {last}" if last else ""))
 
     def _versions(self) -> dict[str, Any]:
         return {"metrics": (self.store.version, records.generation(), tuple(self.plot_keys())),
-                "rpc": tracing.version(),
+                "rpc": (tracing.version(), events.generation()),
                 "timings": (timing.timings_version(), self.store.timings_version)}
 
     # ------------------------------------------------------------------ pictures

@@ -37,6 +37,7 @@ __all__ = [
     "draw_metric",
     "draw_status",
     "draw_timings",
+    "last_event_text",
     "latency_over_time",
     "latency_figure",
     "metrics_figure",
@@ -55,6 +56,7 @@ WIDTH = 9.0  # inches: 720 px at DPI
 MAX_POINTS = 1500  # per raw curve; the running mean is computed on every point first
 _PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
             "#7f7f7f", "#bcbd22", "#17becf")
+EVENT_COLOR = "#cc3333"
 _EMPTY_STYLE = {"ha": "center", "va": "center", "color": "#888", "fontsize": 10}
 
 
@@ -69,6 +71,7 @@ class Snapshot:
     timings: list[dict] = field(default_factory=list)
     window: int = 20
     title: str = ""
+    events: list[dict] = field(default_factory=list)  # telemetry.events: restarts, heals
 
 
 def rank_color(rank: int) -> str:
@@ -215,8 +218,10 @@ def _dest_color(dest: str, names: dict[int, str]) -> str:
 
 
 def draw_latency(ax_lat: Any, ax_rate: Any, samples: Sequence[tuple],
-                 names: dict[int, str] | None = None) -> None:
-    """RPC latency per destination over time (p50 solid, p95 dashed) and calls per second."""
+                 names: dict[int, str] | None = None,
+                 events: Sequence[dict] = ()) -> None:
+    """RPC latency per destination over time (p50 solid, p95 dashed) and calls per second;
+    restarts that kept state and heals (``events``) as labelled dotted lines."""
     names = names or {}
     ax_lat.set_title("RPC latency by destination (p50 —, p95 - -)", fontsize=10, loc="left")
     ax_rate.set_title("RPC calls per second by destination", fontsize=10, loc="left")
@@ -233,6 +238,7 @@ def draw_latency(ax_lat: Any, ax_rate: Any, samples: Sequence[tuple],
     ax_lat.set_ylabel("ms", fontsize=8)
     ax_lat.set_ylim(bottom=0)
     ax_rate.set_ylabel("calls/s", fontsize=8)
+    _draw_events(ax_lat, ax_rate, samples, events)
     for ax in (ax_lat, ax_rate):
         ax.set_xlabel("seconds", fontsize=8)
         ax.grid(alpha=0.3)
@@ -240,9 +246,38 @@ def draw_latency(ax_lat: Any, ax_rate: Any, samples: Sequence[tuple],
         ax.legend(fontsize=7, frameon=False, loc="best")
 
 
-def draw_status(ax: Any, rows: Sequence[dict]) -> None:
-    """CPU % per rank as bars (memory and state written beside them); dead ranks in red."""
-    ax.set_title("cluster status", fontsize=10, loc="left")
+def _draw_events(ax_lat: Any, ax_rate: Any, samples: Sequence[tuple],
+                 events: Sequence[dict]) -> None:
+    """A dotted line at each event inside the traced span, named by its kind."""
+    t0 = min(s[0] for s in samples)
+    end = max(s[0] for s in samples)
+    for ev in events:
+        x = ev["time"] - t0
+        if not 0 <= x <= end - t0 + 1.0:
+            continue
+        for ax in (ax_lat, ax_rate):
+            ax.axvline(x, color=EVENT_COLOR, ls=":", lw=1.2)
+        ax_lat.annotate(ev["kind"], (x, 1.0), xycoords=("data", "axes fraction"),
+                        xytext=(2, -10), textcoords="offset points", fontsize=7,
+                        color=EVENT_COLOR)
+
+
+def last_event_text(events: Sequence[dict]) -> str:
+    """``heal 12:03:04`` for the newest event, or ""."""
+    if not events:
+        return ""
+    import datetime
+
+    ev = events[-1]
+    return f"{ev['kind']} {datetime.datetime.fromtimestamp(ev['time']).strftime('%H:%M:%S')}"
+
+
+def draw_status(ax: Any, rows: Sequence[dict], events: Sequence[dict] = ()) -> None:
+    """CPU % per rank as bars (memory and state written beside them); dead ranks in red; the
+    newest restart or heal in the title."""
+    last = last_event_text(events)
+    ax.set_title("cluster status" + (f" (last {last})" if last else ""), fontsize=10,
+                 loc="left")
     if not rows:
         _empty(ax, "no world running")
         return
@@ -333,7 +368,7 @@ def latency_figure(snap: Snapshot) -> Figure:
     """RPC latency percentiles and call rates per destination over time."""
     fig = new_figure(2.6)
     ax_lat, ax_rate = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
-    draw_latency(ax_lat, ax_rate, snap.samples, snap.names)
+    draw_latency(ax_lat, ax_rate, snap.samples, snap.names, snap.events)
     fig.subplots_adjust(left=0.07, right=0.98, top=0.88, bottom=0.18, wspace=0.25)
     return fig
 
@@ -341,7 +376,7 @@ def latency_figure(snap: Snapshot) -> Figure:
 def status_figure(snap: Snapshot) -> Figure:
     """The status panel alone."""
     fig = new_figure(0.6 + 0.3 * max(len(snap.rows), 2), WIDTH / 2)
-    draw_status(fig.add_subplot(1, 1, 1), snap.rows)
+    draw_status(fig.add_subplot(1, 1, 1), snap.rows, snap.events)
     fig.subplots_adjust(left=0.25, right=0.97, top=0.85, bottom=0.2)
     return fig
 
@@ -367,9 +402,10 @@ def dashboard_figure(snap: Snapshot, keys: Sequence[str] | None = None) -> Figur
     else:
         _empty(fig.add_subplot(grid[0]), "no values logged yet")
     sub = grid[1].subgridspec(1, 2, wspace=0.25)
-    draw_latency(fig.add_subplot(sub[0]), fig.add_subplot(sub[1]), snap.samples, snap.names)
+    draw_latency(fig.add_subplot(sub[0]), fig.add_subplot(sub[1]), snap.samples, snap.names,
+                 snap.events)
     sub = grid[2].subgridspec(1, 2, wspace=0.45)
-    draw_status(fig.add_subplot(sub[0]), snap.rows)
+    draw_status(fig.add_subplot(sub[0]), snap.rows, snap.events)
     draw_timings(fig.add_subplot(sub[1]), snap.timings)
     if snap.title:
         fig.suptitle(snap.title, fontsize=11, x=0.02, ha="left")

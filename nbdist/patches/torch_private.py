@@ -41,8 +41,8 @@ FEATURES = {
               "output may arrive after the result",
     "caller": "Ctrl-C does not interrupt rpc_sync, and a call to a dead rank waits for its "
               "timeout",
-    "restart": "a second world in one kernel hangs (%dist_restart): restart the kernel "
-               "between worlds",
+    "restart": "a second world in one kernel hangs (%dist_restart, --keep, --heal): "
+               "restart the kernel between worlds",
     "rref_reset": "RRefs held in the notebook may fail after %dist_restart",
     "tp_address": "switching between a local world and one across hosts needs a kernel "
                   "restart",
