@@ -78,6 +78,7 @@ def test_sigkill_mid_rpc_then_keep_brings_it_back_and_the_others_keep_their_stat
 def test_grow_two_to_four_then_shrink_to_three_keeping_state(world, capsys):
     c = world(2)
     c.run(MARK, show=False)
+    c.run("import nbdist\nnbdist.log(step=0, before=1)", show=False)
     first = {r: c.ranks[r].pid for r in (1, 2)}
     c.restart(4, keep=True)
     assert "fresh: 3 (new), 4 (new)" in capsys.readouterr().out
@@ -85,6 +86,10 @@ def test_grow_two_to_four_then_shrink_to_three_keeping_state(world, capsys):
     assert _markers(c) == {1: _pid_marker(c, 1), 2: _pid_marker(c, 2), 3: None, 4: None}
     assert {r: c.ranks[r].pid for r in (1, 2)} == first
     c.run(MARK, ranks=[3, 4], show=False)
+    c.run("import nbdist\nnbdist.log(step=1, before=2)", show=False)
+    c.flush()
+    kept = sorted((h["rank"], h["before"]) for h in nbdist.history(key="before"))
+    assert kept == [(1, 1), (1, 2), (2, 1), (2, 2), (3, 2), (4, 2)]  # old records stay
     gone = c.ranks[4].pid
     c.restart(3, keep=True)
     line = capsys.readouterr().out
