@@ -21,9 +21,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .. import devices
 from ..errors import DistTimeoutError, StartError, WorkerDiedError
 from ..patches import rpc_hooks
-from ..proc import netif
+from ..proc import cuda, nccl, netif
 from ..proc.channel import Listener
 from ..proc.hosts import HostAgent, launcher_argv, start_agents
 from ..proc.launch import Launcher
@@ -65,6 +66,7 @@ class World:
         self.agents: dict[str, HostAgent] = {}  # host -> its join agent
         self.store: Any = None  # a host world's rendezvous StoreServer
         self.followups = FollowUps(cells.interrupt_rpc)
+        self.gpu: devices.Setup | None = None  # set by check()
 
     @property
     def running(self) -> bool:
@@ -72,10 +74,17 @@ class World:
 
     # ------------------------------------------------------------------ start
     def check(self) -> None:
-        """Bad ``--iface`` or ``--launcher``: ValueError before anything starts."""
+        """Bad ``--iface``, ``--launcher``, ``--gpus``, ``--process-group`` or
+        ``--device-maps``: ValueError before anything starts."""
         if self.spec.hosts:
             self.iface = netif.resolve(self.spec.iface)
             launcher_argv(self.spec.launcher, "host", [sys.executable])
+        spec = self.spec
+        has_cuda, count = cuda.visible()
+        self.gpu = devices.setup(spec.gpus, spec.process_group, spec.device_maps, self.names,
+                                 spec.n + 1, count, has_cuda)
+        for r, info in self.ranks.items():
+            info.device = self.gpu.device(r)
 
     def start(self, quiet: bool) -> None:
         """Start every rank and join them as rank 0; on any failure, tear down and raise."""
@@ -116,7 +125,7 @@ class World:
             template.on_exit = self.on_exit
             configs = [worker_config(spec, self.names, r, self.world_dir, self.listener.path,
                                      key, self.epoch, store=store_address,
-                                     ifname=iface.name if iface else "lo")
+                                     ifname=iface.name if iface else "lo", gpu=self.gpu)
                        for r in range(1, spec.world_size)]
             self.ranks[0].pid = os.getpid()
             self.ranks[0].ready = True
@@ -127,7 +136,8 @@ class World:
             self._on_up()
             rpc_hooks.attach(self)
             self.rank0 = Rank0(spec, self.names, self.world_dir, self.epoch,
-                               store=self.store.store if self.store else None, iface=iface)
+                               store=self.store.store if self.store else None, iface=iface,
+                               gpu=self.gpu)
             SESSION.settle_joiner(watch.deadline)
             self.rank0.join(watch)
             watch.wait_ready()
@@ -143,8 +153,9 @@ class World:
         tracing.arm(0, self.names[0])
         tracing.set_peers(self.live_worker_names)
         if not quiet:
+            note = f" ({self.gpu.note})" if self.gpu is not None and self.gpu.note else ""
             print(f"nbdist: {spec.world_size} ranks ready in {self.startup_seconds:.2f}s: "
-                  + ", ".join(f"{r}={nm}" for r, nm in enumerate(self.names)))
+                  + ", ".join(f"{r}={nm}" for r, nm in enumerate(self.names)) + note)
 
     def _start_agents(self, iface: netif.Interface, watch: StartWatch) -> None:
         """The join agent of every host is running (launched now if it is not)."""
@@ -201,6 +212,8 @@ class World:
                 if self.running:
                     self.router.flush(info.rank)
                     Router.write("stderr", f"nbdist: {info.label()} {info.reason()}\n")
+                    if self.rank0 is not None and self.rank0.backend == "nccl":
+                        nccl.end_group(timeout=0)  # rank 0's collectives fail, not wait
                 return
 
     # ------------------------------------------------------------------ rpc_hooks.WorldHooks
