@@ -155,3 +155,34 @@ def test_nccl_on_a_gpu_per_rank(ipython):
     assert ev(ipython, "t.tolist()") == [3.0] * 4
     ipython.run_line_magic("dist_restart", "")  # the communicator is aborted, no wait
     ipython.run_line_magic("dist_stop", "")
+
+
+NCCL_END = r'''
+import os, sys, time, torch, torch.distributed as dist
+from nbdist.proc import nccl
+before = os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING")
+with nccl.notebook_safe("nccl"):
+    dist.init_process_group("nccl", init_method="file://" + sys.argv[1], rank=0, world_size=1,
+                            device_id=nccl.device_id("nccl", "cuda:0"))
+assert os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING") == before
+t = torch.ones(4, device="cuda:0")
+dist.all_reduce(t)
+assert t.tolist() == [1.0] * 4
+t0 = time.monotonic()
+assert nccl.end_group()
+assert time.monotonic() - t0 < 3 and not dist.is_initialized()
+print("ended", round(time.monotonic() - t0, 3))
+'''
+
+
+def test_an_nccl_group_ends_at_once_and_leaves_the_notebook_alive(tmp_path):
+    """What a stop does to rank 0's NCCL group (one rank: all one GPU allows), in a process
+    standing in for the notebook (NCCL keeps sockets for the process's life): the
+    communicator is aborted and the group destroyed without waiting, and the kernel-saving
+    error handling is set only while the group is made."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", NCCL_END, str(tmp_path / "pg")],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.startswith("ended"), out.stderr[-3000:]
