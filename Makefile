@@ -56,6 +56,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/metrics.py
 	$(BIN)/python bench/multihost.py
 	$(BIN)/python bench/spmd.py
+	$(BIN)/python bench/gpu.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check nbdist tests bench

@@ -37,6 +37,7 @@ __all__ = [
     "clear_history",
     "current",
     "dashboard",
+    "device",
     "events",
     "export_history",
     "history",
@@ -57,6 +58,21 @@ def __getattr__(name: str) -> Any:
 
         return dashboard
     raise AttributeError(f"module 'nbdist' has no attribute {name!r}")
+
+
+def device() -> Any:
+    """This rank's ``torch.device``: on a worker the GPU its world gave it (``cuda:i``) or
+    the CPU; in the notebook, rank 0's GPU in the running world's plan (the notebook's
+    current device stays yours to set), else the CPU."""
+    import os
+
+    import torch
+
+    name = os.environ.get("NBDIST_DEVICE")  # set in every worker of a local world
+    if name is None or os.environ.get("NBDIST_RANK") is None:
+        c = current()
+        name = c.device(0) if c is not None else None
+    return torch.device(name or "cpu")
 
 
 def load_ipython_extension(ipython: Any) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["GpuPlan", "device_maps", "parse_gpus", "plan", "process_group"]
+__all__ = ["GpuPlan", "Setup", "device_maps", "parse_gpus", "plan", "process_group", "setup"]
 
 _FORMS = "--gpus takes auto, none, or a comma list of GPU indices such as 0,2,3"
 
@@ -77,6 +77,10 @@ def process_group(requested: str | None, gpu_plan: GpuPlan, cuda: bool) -> tuple
         if not cuda:
             raise ValueError("--process-group nccl needs CUDA, and this torch sees none "
                              "(torch.cuda.is_available() is False); use --process-group gloo")
+        if None in gpu_plan.devices and gpu_plan.on_gpu:
+            raise ValueError("--process-group nccl needs a GPU per rank, and the ranks on "
+                             "other hosts have none here (GPUs are planned for this machine's "
+                             "ranks only); use --process-group gloo")
         if not gpu_plan.gpu_per_rank():
             n, k = len(gpu_plan.devices), len({d for d in gpu_plan.devices if d is not None})
             raise ValueError(f"--process-group nccl needs a GPU per rank: {n} ranks (the "
@@ -87,7 +91,8 @@ def process_group(requested: str | None, gpu_plan: GpuPlan, cuda: bool) -> tuple
     if requested == "auto":
         if cuda and gpu_plan.gpu_per_rank():
             return "nccl", "process group: nccl (a GPU per rank)"
-        why = "no CUDA" if not cuda else "ranks share GPUs" if gpu_plan.on_gpu else "no GPUs"
+        why = ("no CUDA" if not cuda else "no GPUs" if not gpu_plan.on_gpu
+               else "a rank without a GPU" if None in gpu_plan.devices else "ranks share GPUs")
         return "gloo", f"process group: gloo ({why})"
     raise ValueError(f"--process-group {requested!r} is not supported; use gloo, nccl or auto")
 
@@ -110,3 +115,35 @@ def device_maps(names: list[str], gpu_plan: GpuPlan, cuda: bool
                         for b, name_b in enumerate(names)
                         if b != a and gpu_plan.of(b) is not None}
     return maps
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What a world start does with GPUs: each rank's device, the process group's backend
+    (``None``: none), a note for the start line, and each rank's TensorPipe device maps."""
+
+    plan: GpuPlan
+    backend: str | None
+    note: str
+    maps: dict[str, dict[str, dict[str, str]]]
+
+    def device(self, rank: int) -> str | None:
+        """``"cuda:i"`` for a rank on a GPU, else ``None``."""
+        d = self.plan.of(rank) if rank < len(self.plan.devices) else None
+        return None if d is None else f"cuda:{d}"
+
+
+def setup(gpus: str | None, requested_pg: str | None, maps_flag: str | None,
+          names: list[str], local: int, visible: int, cuda: bool) -> Setup:
+    """Resolve ``--gpus``, ``--process-group`` and ``--device-maps`` for a world whose first
+    ``local`` ranks (the notebook and its workers) run on this machine; ranks on other hosts
+    stay on the CPU here. Raises ValueError with what to do, before anything starts."""
+    local_plan = plan(parse_gpus(gpus), local, visible if cuda else 0)
+    full = GpuPlan(local_plan.devices + (None,) * (len(names) - local))
+    backend, note = process_group(requested_pg, full, cuda)
+    maps = device_maps(names, full, cuda) if maps_flag == "auto" else {}
+    if full.on_gpu:
+        shown = ", ".join(f"{r}->cuda:{d}" for r, d in enumerate(full.devices) if d is not None)
+        note = "; ".join(filter(None, [f"GPUs: {shown}", note,
+                                       "device maps: auto" if maps else ""]))
+    return Setup(full, backend, note, maps)

@@ -31,8 +31,16 @@ def _start_args(f: Any) -> Any:
                  help="torch threads per worker (default: cores / ranks)"),
         argument("--rpc-timeout", type=float, default=None,
                  help="default RPC timeout in seconds (default 60)"),
-        argument("--process-group", default=None, choices=["gloo"],
-                 help="also start a torch.distributed process group over the same ranks"),
+        argument("--process-group", default=None, choices=["gloo", "nccl", "auto"],
+                 help="also start a torch.distributed process group over the same ranks: "
+                      "gloo, nccl (a GPU per rank), or auto (nccl where every rank has a GPU "
+                      "of its own, else gloo)"),
+        argument("--gpus", default=None,
+                 help="auto (default: rank r gets GPU r mod the visible ones), none (workers on "
+                      "the CPU), or GPU indices such as 0,2"),
+        argument("--device-maps", default=None, choices=["auto", "none"],
+                 help="auto: TensorPipe device maps between the ranks' GPUs, so CUDA tensors "
+                      "travel over RPC GPU to GPU"),
         argument("--start-timeout", type=float, default=None,
                  help="give up starting after this many seconds (default 60)"),
         argument("--hosts", default=None,
@@ -107,7 +115,7 @@ def _settings(args: Any) -> dict:
         "rpc_timeout": args.rpc_timeout, "process_group": args.process_group,
         "start_timeout": args.start_timeout, "hosts": hosts, "iface": args.iface,
         "launcher": args.launcher, "remote_python": args.remote_python,
-        "heal": args.heal}.items()
+        "gpus": args.gpus, "device_maps": args.device_maps, "heal": args.heal}.items()
         if v is not None}
 
 

@@ -8,6 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from .devices import parse_gpus
+
 __all__ = ["WorldSpec", "max_workers", "parse_hosts", "parse_ranks", "worker_names"]
 
 _NAME = re.compile(r"^[A-Za-z0-9_:\-]{1,127}$")
@@ -48,6 +50,8 @@ class WorldSpec:
     iface: str | None = None  # the notebook's interface or address that the hosts reach
     launcher: str = "ssh"  # ssh, srun, or a template with {host} and {command}
     remote_python: str | None = None  # the Python on the hosts (default: this one's path)
+    gpus: str = "auto"  # auto, none, or GPU indices "0,2": rank r gets gpus[r % len] (devices)
+    device_maps: str | None = None  # "auto": TensorPipe maps each rank's GPU to its peers'
     heal: bool = False  # replace a rank that dies, keeping the others (``cluster.heal``)
 
     def __post_init__(self) -> None:
@@ -76,9 +80,12 @@ class WorldSpec:
         if not self.rpc_timeout > 0:
             raise ValueError(f"--rpc-timeout must be a positive number of seconds, "
                              f"got {self.rpc_timeout!r}")
-        if self.process_group not in (None, "gloo"):
-            raise ValueError(f"--process-group {self.process_group!r} is not supported here; "
-                             "use `--process-group gloo` (CPU collectives, DDP)")
+        if self.process_group not in (None, "gloo", "nccl", "auto"):
+            raise ValueError(f"--process-group {self.process_group!r} is not supported; use "
+                             "gloo (CPU collectives, DDP), nccl (a GPU per rank) or auto")
+        parse_gpus(self.gpus)  # the flag's form; which GPUs exist is checked at start
+        if self.device_maps not in (None, "auto", "none"):
+            raise ValueError(f"--device-maps takes auto or none, got {self.device_maps!r}")
         names = self.names()
         for rank, nm in enumerate(names):
             if not _NAME.match(nm):

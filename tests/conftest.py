@@ -5,6 +5,7 @@ Helpers every test file uses (import them: ``from conftest import wait_until``):
 - ``wait_until(predicate, timeout, what)``: poll until ``predicate()`` is truthy; a timeout fails
   the test saying what it waited for. Deadlines mean "it hangs": ≥ 10× the expected time.
 - ``free_port()``, ``child_pids()``, ``wait_gone(pids)``, ``listening(pids)``.
+- ``start_refused(shell, line)``: ``%dist_start line`` fails and starts nothing.
 - ``run_notebook`` / ``run_checked``: execute a notebook headless in a real kernel.
 
 Fixtures: ``world`` (in-process worlds), ``ipython`` (a shell with ``%load_ext nbdist``),
@@ -73,6 +74,23 @@ def wait_until(predicate, timeout: float, what: str, interval: float = 0.02):
             raise AssertionError(f"timed out after {timeout}s waiting for {what}"
                                  f" (last value: {value!r})")
         time.sleep(interval)
+
+
+def start_refused(shell, line: str) -> str:
+    """``%dist_start line`` raises UsageError and starts nothing (no world, no process but
+    the warm template); returns the message."""
+    from IPython.core.error import UsageError
+
+    import nbdist
+    from nbdist.cluster.session import SESSION
+
+    before = child_pids()
+    with pytest.raises(UsageError) as info:
+        shell.run_line_magic("dist_start", line)
+    assert nbdist.current() is None
+    template = {SESSION.template.pid} if SESSION.template is not None else set()
+    assert child_pids() - before - template == set()
+    return str(info.value)
 
 
 def ev(shell, expr: str):
@@ -311,16 +329,18 @@ def _nbdist_threads() -> list[str]:
 
 def _fds() -> dict[int, str]:
     """Open fds and what they point to, but TensorPipe's shared-memory segments: torch's RPC
-    context of the last world (and its ~24 segments per peer) lives until the next world
-    starts (startup resets the RRefContext singleton then), so their count follows the last
-    world's size, not leaks; nor font files, which matplotlib's font cache keeps open."""
+    context of the last world (and its ~24 segments per peer, and with device maps its CUDA
+    IPC segment) lives until the next world starts (startup resets the RRefContext singleton
+    then), so their count follows the last world's size, not leaks; nor font files, which
+    matplotlib's font cache keeps open."""
     found = {}
     for name in os.listdir("/proc/self/fd"):
         try:
             target = os.readlink(f"/proc/self/fd/{name}")
         except OSError:
             continue  # the listing's own fd, or one closed meanwhile
-        if "tensorpipe_shm" not in target and not target.endswith((".ttf", ".otf")):
+        if ("tensorpipe_shm" not in target and "/cuda.shm." not in target  # CUDA IPC: as shm
+                and not target.endswith((".ttf", ".otf"))):
             found[int(name)] = target
     return found
 

@@ -12,7 +12,7 @@ import nbdist
 EXPECTED = {
     "Cluster", "ClusterStateError", "DistCellError", "DistTimeoutError", "NbdistError",
     "RemoteError", "StartError", "WorkerDiedError", "__version__", "clear_history", "current",
-    "dashboard", "events", "export_history", "history", "history_frame",
+    "dashboard", "device", "events", "export_history", "history", "history_frame",
     "load_ipython_extension", "log", "release_hosts", "rpc_stats", "start", "stop",
 }
 

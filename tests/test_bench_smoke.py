@@ -39,6 +39,7 @@ SCRIPTS = {
     "metrics.py": ["metrics.json", "metrics.md"],
     "multihost.py": ["multihost.json", "multihost.md"],
     "spmd.py": ["spmd.json", "spmd.md"],
+    "gpu.py": ["gpu.json", "gpu.md"],
 }
 #: Not run by the smoke test: the same code as another entry, one switch apart.
 SAME_AS = {"rpc.py --unpinned": "rpc.py"}

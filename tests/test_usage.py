@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import child_pids
+from conftest import start_refused
 from IPython.core.error import UsageError
 
 
@@ -17,7 +17,7 @@ from IPython.core.error import UsageError
     ("2 --threads", "expected one argument"),
     ("2 --threads 0", "positive whole number"),
     ("2 --rpc-timeout -1", "positive number of seconds"),
-    ("2 --process-group nccl", "invalid choice"),
+    ("2 --process-group mpi", "invalid choice"),
     ("2 --worker-name obs", "has no {rank}"),
     ("2 --worker-name 'obs {rank}'", "invalid name"),
     ("2 --name obs1 --worker-name obs{rank}", "duplicate name 'obs1'"),
@@ -34,17 +34,7 @@ from IPython.core.error import UsageError
     ("0 --hosts slurm --iface lo", "not inside a SLURM allocation"),
 ])
 def test_bad_dist_start_says_what_to_do_and_starts_nothing(ipython, line, words):
-    before = child_pids()
-    with pytest.raises(UsageError) as info:
-        ipython.run_line_magic("dist_start", line)
-    assert words in str(info.value)
-    import nbdist
-
-    assert nbdist.current() is None
-    from nbdist.cluster.session import SESSION as cl
-
-    template = {cl.template.pid} if cl.template is not None else set()
-    assert child_pids() - before - template == set()
+    assert words in start_refused(ipython, line)
 
 
 def test_size_beyond_machine_says_why(ipython):

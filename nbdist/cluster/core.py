@@ -48,7 +48,8 @@ def start(n: int, *, name: str = "worker0", worker_name: str = "worker{rank}",
           threads: int | None = None, rpc_timeout: float = 60.0,
           process_group: str | None = None, start_timeout: float = 60.0,
           hosts: Any = None, iface: str | None = None, launcher: str = "ssh",
-          remote_python: str | None = None, heal: bool = False,
+          remote_python: str | None = None, gpus: str = "auto",
+          device_maps: str | None = None, heal: bool = False,
           quiet: bool = False) -> Cluster:
     """Start ``n`` worker ranks and make this process rank 0 of their RPC world.
 
@@ -57,12 +58,15 @@ def start(n: int, *, name: str = "worker0", worker_name: str = "worker{rank}",
     (``ssh``, ``srun`` or a template with ``{host}`` and ``{command}``) running
     ``remote_python -m nbdist.join``; ``iface`` is this machine's interface or address that
     those hosts reach (required with ``hosts``). See the README, "More than one machine".
+    ``gpus`` (``"auto"``, ``"none"``, ``"0,2"``), ``process_group`` (``"gloo"``, ``"nccl"``,
+    ``"auto"``) and ``device_maps`` (``"auto"``): README, "GPUs".
     ``heal``: a worker that dies is replaced on its own, the others keeping their state
     (``Cluster.restart(keep=True)``); see the README, "When a rank dies".
     """
     spec = WorldSpec(n, name, worker_name, threads, rpc_timeout, process_group,
                      start_timeout, hosts=parse_hosts(hosts, slurm_hosts), iface=iface,
-                     launcher=launcher, remote_python=remote_python, heal=heal).validate()
+                     launcher=launcher, remote_python=remote_python, gpus=gpus,
+                     device_maps=device_maps, heal=heal).validate()
     if current() is not None:
         raise ClusterStateError("a world is already running; use `%dist_restart` (or "
                                 "`nbdist.current().restart()`) to start a new one, or "
@@ -272,6 +276,10 @@ class Cluster:
     def hosts_status(self) -> HostTable:
         """One row per host of this world: its agent's pid, ranks, load and free memory."""
         return host_status(self, self._world.agents)
+
+    def device(self, rank: int = 0) -> str | None:
+        """``"cuda:i"`` where ``rank`` runs on a GPU in this world, else None."""
+        return self.ranks[rank].device
 
     def worker_pids(self) -> list[int]:
         return [i.pid for r, i in self.ranks.items() if r != 0 and i.pid is not None]

@@ -44,6 +44,7 @@ class RankInfo:
     failure: str | None = None
     host: str | None = None  # None: the notebook's machine
     lost: str | None = None  # why its host was lost, if it was
+    device: str | None = None  # "cuda:i" where the rank runs on a GPU
 
     @property
     def alive(self) -> bool:

@@ -17,9 +17,11 @@ from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
+from ..devices import Setup
 from ..errors import DistTimeoutError, StartError, WorkerDiedError
 from ..patches import quiet, rpc_hooks, rref_reset, shipping, thread_states, tp_address
 from ..patches.torch_private import report_once, usable
+from ..proc import nccl
 from ..proc.channel import HandshakeError, Listener
 from ..proc.launch import describe_exit
 from ..proc.netif import Interface
@@ -37,8 +39,11 @@ _DEADLINE_SLACK = 0.5  # a torch wait ending this close to the start deadline is
 
 def worker_config(spec: WorldSpec, names: list[str], rank: int, world_dir: str,
                   socket: str | tuple, key: bytes, epoch: int, store: tuple | None = None,
-                  ifname: str = "lo") -> dict:
+                  ifname: str = "lo", gpu: Setup | None = None) -> dict:
     """Everything a forked worker needs to become ``rank`` (plain values only).
+
+    ``gpu`` (the world's ``devices.Setup``) gives the rank its device (``LOCAL_RANK`` and
+    ``NBDIST_DEVICE`` in its environment), the process group's backend and its device maps.
 
     In a world with hosts (``store`` given) the rendezvous goes through the notebook's store
     and torch's sockets use ``ifname``; a rank on another host gets ``env_extra`` instead of
@@ -46,7 +51,9 @@ def worker_config(spec: WorldSpec, names: list[str], rank: int, world_dir: str,
     """
     host = spec.placement()[rank]
     ours = {"NBDIST_RANK": str(rank), "NBDIST_WORLD_SIZE": str(spec.world_size)}
+    device = gpu.device(rank) if gpu is not None else None
     if host is None:
+        ours.update({"LOCAL_RANK": str(rank), "NBDIST_DEVICE": device or "cpu"})
         env = dict(os.environ)
         env.update(spec.env)
         threads: int | None = spec.thread_count()
@@ -62,7 +69,9 @@ def worker_config(spec: WorldSpec, names: list[str], rank: int, world_dir: str,
         "env": env, "env_extra": extra, "path": list(sys.path), "threads": threads,
         "host": host, "host_ranks": dict(spec.hosts).get(host, 0),
         "rpc_init": rendezvous["rpc"], "rpc_timeout": spec.rpc_timeout,
-        "rpc_threads": 16, "process_group": spec.process_group,
+        "rpc_threads": 16,
+        "process_group": gpu.backend if gpu is not None else spec.process_group,
+        "device": device, "device_maps": gpu.maps.get(names[rank]) if gpu else None,
         "pg_init": rendezvous["pg"], "pg_timeout": spec.rpc_timeout,
         "start_timeout": spec.start_timeout, "epoch": epoch, "store": store,
     }
@@ -71,7 +80,8 @@ def worker_config(spec: WorldSpec, names: list[str], rank: int, world_dir: str,
 #: What a kept worker takes from a new world's config when it rejoins (``proc.protocol.Rejoin``);
 #: the rest (environment, paths, threads, as its host adapted them) stays as it started.
 REJOIN_KEYS = ("name", "world_size", "socket", "authkey", "rpc_init", "rpc_timeout",
-               "process_group", "pg_init", "pg_timeout", "start_timeout", "epoch", "store")
+               "process_group", "pg_init", "pg_timeout", "start_timeout", "epoch", "store",
+               "device", "device_maps")
 
 
 def rejoin_config(config: dict) -> dict:
@@ -180,8 +190,12 @@ class Rank0:
     """The notebook's own membership in a world: joins in an owned thread, leaves at stop."""
 
     def __init__(self, spec: WorldSpec, names: list[str], world_dir: str, epoch: int,
-                 store: Any = None, iface: Interface | None = None) -> None:
+                 store: Any = None, iface: Interface | None = None,
+                 gpu: Setup | None = None) -> None:
         self.spec, self.names, self.world_dir, self.epoch = spec, names, world_dir, epoch
+        self.backend = gpu.backend if gpu is not None else spec.process_group
+        self.device = gpu.device(0) if gpu is not None else None  # the plan's; not set here
+        self.maps = gpu.maps.get(names[0]) if gpu is not None else None
         self.store = store  # a host world's MemoryStore
         self.ifname = iface.name if iface is not None else "lo"
         self.address = iface.address if iface is not None else "127.0.0.1"
@@ -223,7 +237,8 @@ class Rank0:
 
             store.use(self.store)
         init = _rendezvous(self.world_dir, self.epoch, hosted=self.store is not None)
-        opts = rpc.TensorPipeRpcBackendOptions(init_method=init["rpc"], rpc_timeout=left)
+        opts = rpc.TensorPipeRpcBackendOptions(init_method=init["rpc"], rpc_timeout=left,
+                                               device_maps=self.maps or None)
         with torch_iface(self.ifname), _gloo_timeout(left):
             self._in_thread(lambda: rpc.init_rpc(self.names[0], rank=0,
                                                  world_size=spec.world_size,
@@ -233,11 +248,13 @@ class Rank0:
             if usable("rpc_timeout"):
                 rpc._set_rpc_timeout(spec.rpc_timeout)
             shipping.register_patched("torch.distributed.rpc", "torch.distributed.rpc.api")
-            if spec.process_group:
-                self._in_thread(lambda: dist.init_process_group(
-                    spec.process_group, init_method=init["pg"], rank=0,
-                    world_size=spec.world_size, timeout=timedelta(seconds=spec.rpc_timeout)),
-                    watch, "join the process group")
+            if self.backend:
+                with nccl.notebook_safe(self.backend):
+                    self._in_thread(lambda: dist.init_process_group(
+                        self.backend, init_method=init["pg"], rank=0,
+                        world_size=spec.world_size, timeout=timedelta(seconds=spec.rpc_timeout),
+                        device_id=nccl.device_id(self.backend, self.device)),
+                        watch, "join the process group")
                 self.pg_up = True
 
     def _in_thread(self, fn: Callable[[], Any], watch: StartWatch, what: str) -> None:
@@ -278,10 +295,13 @@ class Rank0:
         import torch.distributed.rpc as rpc
 
         if self.pg_up:
-            try:
-                dist.destroy_process_group()
-            except Exception:  # noqa: BLE001
-                pass
+            if self.backend == "nccl":  # a peer may be dead or inside a collective
+                nccl.end_group()
+            else:
+                try:
+                    dist.destroy_process_group()
+                except Exception:  # noqa: BLE001
+                    pass
             self.pg_up = False
             sys.excepthook = self._excepthook  # else each world adds one more "[rank0]:"
         if self.rpc_up:

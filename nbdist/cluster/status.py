@@ -1,7 +1,10 @@
 """``%dist_status``: one row per rank, as a text table and as HTML in a notebook.
 
 The warm template process outlives worlds, so it gets a row too (rank ``-``, name
-``template``) when its pid is passed to ``collect_status``.
+``template``) when its pid is passed to ``collect_status``. In a world on GPUs each rank's
+device and torch's memory on it (allocated / reserved, asked of the rank by RPC; rank 0's only
+if the notebook initialised CUDA itself) join the row, and the GPU's utilisation where NVML
+(``pynvml``) is installed.
 """
 
 from __future__ import annotations
@@ -45,14 +48,17 @@ class StatusTable:
 
     rows: list[dict]
     with_host: bool = False
+    with_gpu: bool = False
 
     COLUMNS = ("rank", "name", "pid", "state", "cpu %", "mem MB", "uptime s")
+    GPU_COLUMNS = ("gpu", "gpu MB alloc/res", "gpu util %")
 
     @property
     def columns(self) -> tuple[str, ...]:
+        cols = self.COLUMNS
         if self.with_host:
-            return (*self.COLUMNS[:2], "host", *self.COLUMNS[2:])
-        return self.COLUMNS
+            cols = (*cols[:2], "host", *cols[2:])
+        return (*cols, *self.GPU_COLUMNS) if self.with_gpu else cols
 
     def _cells(self, row: dict) -> list[str]:
         cells = [str(row["rank"]), row["name"], str(row["pid"] or "-"), row["state"],
@@ -60,6 +66,11 @@ class StatusTable:
                  _num(row["uptime"], ".1f")]
         if self.with_host:
             cells.insert(2, row.get("host") or "local")
+        if self.with_gpu:
+            mem = row.get("gpu_mb")
+            cells += [row.get("device") or "-",
+                      "-" if mem is None else f"{mem[0]:.0f} / {mem[1]:.0f}",
+                      _num(row.get("gpu_util"), ".0f")]
         return cells
 
     def __str__(self) -> str:
@@ -114,7 +125,44 @@ def collect_status(cluster: Any, template_pid: int | None = None) -> StatusTable
                      "exit_code": info.exit_code, "host": info.host})
     if template_pid is not None:
         rows.append(_template_row(template_pid, now))
-    return StatusTable(rows, with_host=bool(getattr(cluster.spec, "hosts", ())))
+    with_gpu = any(getattr(cluster.ranks[r], "device", None) for r in cluster.ranks)
+    if with_gpu:
+        _gpu_columns(cluster, rows)
+    return StatusTable(rows, with_host=bool(getattr(cluster.spec, "hosts", ())),
+                       with_gpu=with_gpu)
+
+
+def _gpu_columns(cluster: Any, rows: list[dict], timeout: float = 2.0) -> None:
+    """Each rank's device, its torch memory there (by RPC, all ranks at once) and the GPU's
+    utilisation (NVML, if installed)."""
+    from ..proc import cuda
+
+    asked = {}
+    for row in rows:
+        info = cluster.ranks.get(row["rank"]) if row["rank"] != TEMPLATE_RANK else None
+        dev = getattr(info, "device", None)
+        row["device"] = dev
+        if dev is None or not row["alive"]:
+            continue
+        row["gpu_util"] = cuda.utilisation(int(dev.split(":")[1]))
+        if row["rank"] == 0:
+            row["gpu_mb"] = cuda.memory(dev)
+        else:
+            try:
+                import torch.distributed.rpc as rpc
+
+                asked[id(row)] = (row, rpc.rpc_async(info.name, cuda.memory, args=(dev,),
+                                                     timeout=timeout))
+            except Exception:  # noqa: BLE001 - a status column, never an error
+                pass
+    deadline = time.monotonic() + timeout
+    for row, fut in asked.values():
+        while not fut.done() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        try:
+            row["gpu_mb"] = fut.value() if fut.done() else None
+        except Exception:  # noqa: BLE001
+            row["gpu_mb"] = None
 
 
 @dataclass

@@ -21,9 +21,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .. import devices
 from ..errors import DistTimeoutError, StartError, WorkerDiedError
 from ..patches import rpc_hooks
-from ..proc import netif
+from ..proc import cuda, nccl, netif
 from ..proc.channel import Listener
 from ..proc.hosts import HostAgent, launcher_argv, start_agents
 from ..proc.launch import Launcher
@@ -68,6 +69,7 @@ class World:
         self.store: Any = None  # a host world's rendezvous StoreServer
         self.followups = FollowUps(cells.interrupt_rpc)
         self.key = os.urandom(32)  # authenticates control connections and the store
+        self.gpu: devices.Setup | None = None  # set by check()
 
     @property
     def running(self) -> bool:
@@ -75,10 +77,22 @@ class World:
 
     # ------------------------------------------------------------------ start
     def check(self) -> None:
-        """Bad ``--iface`` or ``--launcher``: ValueError before anything starts."""
+        """Bad ``--iface``, ``--launcher``, ``--gpus``, ``--process-group`` or
+        ``--device-maps``: ValueError before anything starts."""
         if self.spec.hosts:
             self.iface = netif.resolve(self.spec.iface)
             launcher_argv(self.spec.launcher, "host", [sys.executable])
+        self.gpu = self._plan_devices(self.spec, self.names)
+        for r, info in self.ranks.items():
+            info.device = self.gpu.device(r)
+
+    @staticmethod
+    def _plan_devices(spec: WorldSpec, names: list[str]) -> devices.Setup:
+        """Each local rank's device, the group's backend and device maps (ValueError if the
+        flags cannot be met here)."""
+        has_cuda, count = cuda.visible()
+        return devices.setup(spec.gpus, spec.process_group, spec.device_maps, names,
+                             spec.n + 1, count, has_cuda)
 
     def start(self, quiet: bool) -> None:
         """Start every rank and join them as rank 0; on any failure, tear down and raise."""
@@ -103,15 +117,18 @@ class World:
             raise StartError(f"could not start the world: {exc}") from exc
         self._running(t0)
         if not quiet:
+            note = f" ({self.gpu.note})" if self.gpu is not None and self.gpu.note else ""
             print(f"nbdist: {spec.world_size} ranks ready in {self.startup_seconds:.2f}s: "
-                  + ", ".join(f"{r}={nm}" for r, nm in enumerate(self.names)))
+                  + ", ".join(f"{r}={nm}" for r, nm in enumerate(self.names)) + note)
 
     def rebuild(self, spec: WorldSpec, names: list[str], epoch: int, kept: set[int]) -> None:
         """Keep-restart: the same world directory, receiver and cells; ranks in ``kept`` keep
         their process (and ``__main__``) and rejoin a new RPC world of ``spec``; every other
         worker rank is forked fresh under its number, ranks beyond the new size are stopped.
-        On failure everything is torn down, as a failed start is."""
+        On failure everything is torn down, as a failed start is; flags the machine cannot
+        meet (``--gpus``, nccl) raise ValueError first, with the world untouched."""
         self.state.require(ClusterState.RUNNING, doing="restart keeping state")
+        gpu = self._plan_devices(spec, names)
         self.state = ClusterState.STARTING
         t0 = time.monotonic()
         try:
@@ -124,7 +141,7 @@ class World:
                     if chan is not None:
                         chan.close(timeout=0.5)
                     del self.ranks[info.rank]
-                self.spec, self.names, self.epoch = spec, names, epoch
+                self.spec, self.names, self.epoch, self.gpu = spec, names, epoch, gpu
                 self._by_name = {nm: r for r, nm in enumerate(names)}
                 placement, now = spec.placement(), time.time()
                 for r in range(1, spec.world_size):
@@ -132,6 +149,7 @@ class World:
                         self.ranks[r].name, self.ranks[r].ready = names[r], False
                     else:
                         self.ranks[r] = RankInfo(r, names[r], started=now, host=placement[r])
+                    self.ranks[r].device = gpu.device(r)
                 self.ranks[0].name = names[0]
             self.receiver.poke()
             watch = StartWatch(self.ranks, t0 + spec.start_timeout, spec.start_timeout, self.cv)
@@ -186,7 +204,7 @@ class World:
         template.on_exit = self.on_exit
         configs = [worker_config(spec, self.names, r, self.world_dir, self.listener.path,
                                  self.key, self.epoch, store=store_address,
-                                 ifname=iface.name if iface else "lo")
+                                 ifname=iface.name if iface else "lo", gpu=self.gpu)
                    for r in range(1, spec.world_size)]
         for cfg in configs:
             if cfg["rank"] in kept:
@@ -204,7 +222,8 @@ class World:
         self._on_up()
         rpc_hooks.attach(self)
         self.rank0 = Rank0(spec, self.names, self.world_dir, self.epoch,  # type: ignore[arg-type]
-                           store=self.store.store if self.store else None, iface=iface)
+                           store=self.store.store if self.store else None, iface=iface,
+                           gpu=self.gpu)
         SESSION.settle_joiner(watch.deadline)
         self.rank0.join(watch)
         watch.wait_ready()
@@ -274,6 +293,8 @@ class World:
                     Router.write("stderr", f"nbdist: {info.label()} {info.reason()}\n")
                     if self._on_death is not None:
                         self._on_death(info.rank)
+                    if self.rank0 is not None and self.rank0.backend == "nccl":
+                        nccl.end_group(timeout=0)  # rank 0's collectives fail, not wait
                 return
 
     # ------------------------------------------------------------------ rpc_hooks.WorldHooks

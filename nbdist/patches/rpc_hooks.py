@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import functools
 import re
 import sys
 import threading
@@ -187,8 +188,35 @@ def _explain_transport_error(exc: BaseException, dest: Any, grace: float = 2.0) 
         time.sleep(0.02)
 
 
+_NO_MAP = "TensorPipe RPC backend only supports CPU tensors"
+
+
+def _explain_cuda_tensor(exc: BaseException) -> None:
+    """torch's refusal to send a CUDA tensor without device maps, with nbdist's flag in it."""
+    if _NO_MAP in str(exc):
+        raise RuntimeError(
+            "a CUDA tensor cannot travel over RPC in this world: it has no device maps. Start "
+            "it with `--device-maps auto` (`%dist_restart --device-maps auto`, or "
+            "nbdist.start(..., device_maps='auto')) so tensors go GPU to GPU, or send "
+            f"tensor.cpu(). torch said: {exc}") from exc
+
+
+def _explained(fn: Callable) -> Callable:
+    """``fn`` (``rpc_async``, ``remote``) with ``_explain_cuda_tensor`` on what it raises."""
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except RuntimeError as exc:
+            _explain_cuda_tensor(exc)
+            raise
+
+    return call
+
+
 def install_caller() -> None:
-    """Route ``rpc.rpc_sync`` through ``wait_future`` (idempotent)."""
+    """Route ``rpc.rpc_sync`` through ``wait_future`` (idempotent); ``rpc_sync``,
+    ``rpc_async`` and ``remote`` name ``--device-maps`` when a CUDA tensor has no map."""
     global _caller_installed
     if _caller_installed or not torch_private.usable("caller"):
         return
@@ -200,7 +228,11 @@ def install_caller() -> None:
 
     @api._require_initialized
     def rpc_sync(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT):
-        fut = api._invoke_rpc(to, func, api.RPCExecMode.SYNC, args, kwargs, timeout)
+        try:
+            fut = api._invoke_rpc(to, func, api.RPCExecMode.SYNC, args, kwargs, timeout)
+        except RuntimeError as exc:
+            _explain_cuda_tensor(exc)
+            raise
         try:
             value = wait_future(fut, to)
         except KeyboardInterrupt:
@@ -220,6 +252,10 @@ def install_caller() -> None:
     rpc_sync.__wrapped__ = original  # type: ignore[attr-defined]
     api.rpc_sync = rpc_sync
     rpc.rpc_sync = rpc_sync
+    for name in ("rpc_async", "remote"):
+        wrapped = _explained(getattr(api, name))
+        setattr(api, name, wrapped)
+        setattr(rpc, name, wrapped)
     _caller_installed = True
 
 

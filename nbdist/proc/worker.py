@@ -1,7 +1,8 @@
 """What runs inside a worker rank, from the fork in the template to ``os._exit``.
 
 Start-up: die with the template, take the notebook's cwd/env/sys.path, connect to the control
-socket, capture output, join the RPC world (and the process group, if asked), say ready.
+socket, capture output, take its GPU (if it has one), join the RPC world (and the process
+group, if asked), say ready.
 Then the main thread runs ``%%dist`` cells from a queue while a reader thread handles
 interrupts and stop requests at once, even while a cell runs.
 """
@@ -20,7 +21,7 @@ from typing import Any
 
 from ..errors import safe_str
 from ..patches import quiet, rpc_hooks, shipping, thread_states
-from . import shell
+from . import cuda, nccl, shell
 from .channel import Channel, ChannelBlocked, connect
 from .debugger import Debugger
 from .output import ChannelStream, capture_fds
@@ -221,6 +222,7 @@ def _join_world(cfg: dict) -> None:
     import torch.distributed.rpc as rpc
 
     torch.set_num_threads(cfg["threads"])
+    cuda.take(_rank, cfg["name"], cfg.get("device"))  # before any user code runs here
     shipping.install()
     thread_states.install()
     rpc_hooks.install_callee(after_call=_flush_streams)
@@ -234,7 +236,8 @@ def _join_world(cfg: dict) -> None:
         store.use(store.RemoteStore(cfg["store"], cfg["authkey"], cfg["start_timeout"]))
     opts = rpc.TensorPipeRpcBackendOptions(init_method=cfg["rpc_init"],
                                            rpc_timeout=cfg["rpc_timeout"],
-                                           num_worker_threads=cfg["rpc_threads"])
+                                           num_worker_threads=cfg["rpc_threads"],
+                                           device_maps=cfg.get("device_maps") or None)
     rpc.init_rpc(cfg["name"], rank=_rank, world_size=cfg["world_size"],
                  rpc_backend_options=opts)
     from ..patches import rref_reset
@@ -244,7 +247,8 @@ def _join_world(cfg: dict) -> None:
     if cfg.get("process_group"):
         dist.init_process_group(cfg["process_group"], init_method=cfg["pg_init"], rank=_rank,
                                 world_size=cfg["world_size"],
-                                timeout=timedelta(seconds=cfg["pg_timeout"]))
+                                timeout=timedelta(seconds=cfg["pg_timeout"]),
+                                device_id=nccl.device_id(cfg["process_group"], cfg.get("device")))
 
 
 def _leave_world() -> None:
@@ -258,10 +262,13 @@ def _leave_world() -> None:
 
     rpc_hooks.interrupt_rpc_threads()  # a function still running would hold up the shutdown
     if dist.is_initialized():
-        try:
-            dist.destroy_process_group()
-        except Exception:  # noqa: BLE001 - the group's peers may be gone
-            pass
+        if dist.get_backend() == "nccl":  # a peer may be dead or inside a collective
+            nccl.end_group()
+        else:
+            try:
+                dist.destroy_process_group()
+            except Exception:  # noqa: BLE001 - the group's peers may be gone
+                pass
     try:
         rpc.shutdown(graceful=False)
     except Exception:  # noqa: BLE001 - not initialised, or its peers gone

@@ -17,6 +17,9 @@ every step it sends its state to the agent and gets an action back:
 
 Seeds: the agent seeds torch with ``seed``; observer ``i`` seeds its environment with
 ``seed + i`` on its first reset. Batched and unbatched runs use the same seeds.
+
+``device``: where the agent keeps its policy and runs it (the tutorial's agent is on CUDA);
+observers send CPU states and get plain ints back, so no device maps are needed.
 """
 
 from __future__ import annotations
@@ -126,17 +129,18 @@ class Agent:
     """Owns the policy, drives the observers (one RRef each), learns after every episode."""
 
     def __init__(self, observers: Sequence[str], batch: bool = True, seed: int = 543,
-                 gamma: float = 1.0, lr: float = 1e-2) -> None:
+                 gamma: float = 1.0, lr: float = 1e-2, device: str = "cpu") -> None:
         torch.manual_seed(seed)
         self.batch = batch
-        self.policy = Policy()
+        self.device = torch.device(device)
+        self.policy = Policy().to(self.device)
         self.optimizer = optim.Adam(self.policy.parameters(), lr=lr)
         self.agent_rref = rpc.RRef(self)
         self.ob_rrefs = [rpc.remote(name, Observer, args=(i, batch, seed, gamma))
                          for i, name in enumerate(observers)]
         n = len(self.ob_rrefs)
         self.lock = threading.Lock()
-        self.states = torch.zeros(n, 4)
+        self.states = torch.zeros(n, 4, device=self.device)
         self.pending = n
         self.future_actions: torch.futures.Future = torch.futures.Future()
         self.saved_log_probs: Any = [] if batch else {i: [] for i in range(n)}
@@ -150,7 +154,7 @@ class Agent:
     def select_action(agent_rref: rpc.RRef, ob_id: int, state: torch.Tensor) -> int:
         """Unbatched: one policy call per observer per step."""
         self = agent_rref.local_value()
-        m = Categorical(self.policy(state))
+        m = Categorical(self.policy(state.to(self.device)))
         action = m.sample()
         with self.lock:
             self.saved_log_probs[ob_id].append(m.log_prob(action))
@@ -176,14 +180,14 @@ class Agent:
                 self.saved_log_probs.append(m.log_prob(actions))
                 step_future, self.future_actions = self.future_actions, torch.futures.Future()
         if full:
-            step_future.set_result(actions)  # answers every observer waiting on this step
+            step_future.set_result(actions.cpu())  # answers every observer waiting on it
         return action
 
     def run_episode(self, n_steps: int) -> tuple[float, float]:
         """One episode on every observer at once, then one policy-gradient step."""
         futs = [r.rpc_async().run_episode(self.agent_rref, n_steps) for r in self.ob_rrefs]
         rets = torch.futures.wait_all(futs)
-        returns = torch.stack([ret[0] for ret in rets])  # (observers, steps)
+        returns = torch.stack([ret[0] for ret in rets]).to(self.device)  # (observers, steps)
         game_len = sum(ret[1] for ret in rets) / len(rets)
         if self.batch:
             log_probs = torch.stack(self.saved_log_probs, dim=1)  # steps x (observers,)
@@ -205,14 +209,15 @@ class Agent:
 
 
 def run_config(observers: Sequence[str], batch: bool, episodes: int, steps: int,
-               seed: int = 543, gamma: float = 1.0, warmup_steps: int = 10) -> float:
+               seed: int = 543, gamma: float = 1.0, warmup_steps: int = 10,
+               device: str = "cpu") -> float:
     """Seconds for ``episodes`` episodes of ``steps`` steps, one observer per name given.
 
     Runs on rank 0, which owns the agent. The clock starts once every observer is built and
     one untimed episode of ``warmup_steps`` steps has run, so world start-up, ``import
     gymnasium`` and first-call costs on the workers are not counted.
     """
-    agent = Agent(observers, batch=batch, seed=seed, gamma=gamma)
+    agent = Agent(observers, batch=batch, seed=seed, gamma=gamma, device=device)
     try:
         agent.wait_ready()
         if warmup_steps:
