@@ -6,6 +6,7 @@ mistake becomes a ``UsageError`` that says what to do; nothing is started when o
 
 from __future__ import annotations
 
+import argparse
 import re
 import shlex
 from typing import Any
@@ -33,6 +34,10 @@ def _start_args(f: Any) -> Any:
                  help="default RPC timeout in seconds (default 60)"),
         argument("--process-group", default=None, choices=["gloo"],
                  help="also start a torch.distributed process group over the same ranks"),
+        argument("--rpc", action=argparse.BooleanOptionalAction, default=None,
+                 help="--no-rpc: no torch RPC agent on any rank, a process group (gloo) "
+                      "instead; cells, --local SPMD, output, status and restart work as "
+                      "usual (restart: --rpc brings RPC back)"),
         argument("--start-timeout", type=float, default=None,
                  help="give up starting after this many seconds (default 60)"),
         argument("--hosts", default=None,
@@ -101,7 +106,8 @@ def _settings(args: Any) -> dict:
         "name": args.name, "worker_name": args.worker_name, "threads": args.threads,
         "rpc_timeout": args.rpc_timeout, "process_group": args.process_group,
         "start_timeout": args.start_timeout, "hosts": hosts, "iface": args.iface,
-        "launcher": args.launcher, "remote_python": args.remote_python}.items()
+        "launcher": args.launcher, "remote_python": args.remote_python,
+        "rpc": args.rpc}.items()
         if v is not None}
 
 

@@ -48,6 +48,7 @@ class WorldSpec:
     iface: str | None = None  # the notebook's interface or address that the hosts reach
     launcher: str = "ssh"  # ssh, srun, or a template with {host} and {command}
     remote_python: str | None = None  # the Python on the hosts (default: this one's path)
+    rpc: bool = True  # False: no torch RPC agent on any rank, a process group instead
 
     def __post_init__(self) -> None:
         # ``worker_name=["ps", "trainer{rank}"]`` from Python is the list ``ps,trainer{rank}``
@@ -75,6 +76,8 @@ class WorldSpec:
         if not self.rpc_timeout > 0:
             raise ValueError(f"--rpc-timeout must be a positive number of seconds, "
                              f"got {self.rpc_timeout!r}")
+        if not isinstance(self.rpc, bool):
+            raise ValueError(f"rpc must be True or False, got {self.rpc!r}")
         if self.process_group not in (None, "gloo"):
             raise ValueError(f"--process-group {self.process_group!r} is not supported here; "
                              "use `--process-group gloo` (CPU collectives, DDP)")
@@ -119,6 +122,12 @@ class WorldSpec:
 
     def with_changes(self, **changes) -> WorldSpec:
         return replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+    @property
+    def group_backend(self) -> str | None:
+        """The process group to start: ``process_group``, or gloo in a world without RPC
+        (the group is then what holds the world together)."""
+        return self.process_group or (None if self.rpc else "gloo")
 
     @property
     def world_size(self) -> int:

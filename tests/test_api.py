@@ -11,9 +11,9 @@ import nbdist
 
 EXPECTED = {
     "Cluster", "ClusterStateError", "DistCellError", "DistTimeoutError", "NbdistError",
-    "RemoteError", "StartError", "WorkerDiedError", "__version__", "clear_history", "current",
-    "dashboard", "export_history", "history", "history_frame", "load_ipython_extension", "log",
-    "release_hosts", "rpc_stats", "start", "stop",
+    "NoRpcError", "RemoteError", "StartError", "WorkerDiedError", "__version__", "clear_history",
+    "current", "dashboard", "export_history", "history", "history_frame",
+    "load_ipython_extension", "log", "release_hosts", "rpc_stats", "start", "stop",
 }
 
 

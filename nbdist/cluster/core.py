@@ -46,8 +46,11 @@ def start(n: int, *, name: str = "worker0", worker_name: str = "worker{rank}",
           threads: int | None = None, rpc_timeout: float = 60.0,
           process_group: str | None = None, start_timeout: float = 60.0,
           hosts: Any = None, iface: str | None = None, launcher: str = "ssh",
-          remote_python: str | None = None, quiet: bool = False) -> Cluster:
+          remote_python: str | None = None, rpc: bool = True, quiet: bool = False) -> Cluster:
     """Start ``n`` worker ranks and make this process rank 0 of their RPC world.
+
+    ``rpc=False`` (``--no-rpc``): no torch RPC agent on any rank, a process group instead
+    (``process_group``, default gloo); so too, with a note, where torch has no RPC.
 
     ``hosts`` (``{"node1": 4, "node2": 4}``, ``"node1:4,node2:4"`` or ``"slurm"``) adds
     ranks on other machines after the ``n`` local ones, started there by ``launcher``
@@ -57,7 +60,7 @@ def start(n: int, *, name: str = "worker0", worker_name: str = "worker{rank}",
     """
     spec = WorldSpec(n, name, worker_name, threads, rpc_timeout, process_group,
                      start_timeout, hosts=parse_hosts(hosts, slurm_hosts), iface=iface,
-                     launcher=launcher, remote_python=remote_python).validate()
+                     launcher=launcher, remote_python=remote_python, rpc=rpc).validate()
     if current() is not None:
         raise ClusterStateError("a world is already running; use `%dist_restart` (or "
                                 "`nbdist.current().restart()`) to start a new one, or "

@@ -60,8 +60,8 @@ def worker_config(spec: WorldSpec, names: list[str], rank: int, world_dir: str,
         "socket": socket, "authkey": key, "cwd": os.getcwd(),
         "env": env, "env_extra": extra, "path": list(sys.path), "threads": threads,
         "host": host, "host_ranks": dict(spec.hosts).get(host, 0),
-        "rpc_init": rendezvous["rpc"], "rpc_timeout": spec.rpc_timeout,
-        "rpc_threads": 16, "process_group": spec.process_group,
+        "rpc": spec.rpc, "rpc_init": rendezvous["rpc"], "rpc_timeout": spec.rpc_timeout,
+        "rpc_threads": 16, "process_group": spec.group_backend,
         "pg_init": rendezvous["pg"], "pg_timeout": spec.rpc_timeout,
         "start_timeout": spec.start_timeout, "epoch": epoch, "store": store,
     }
@@ -128,7 +128,7 @@ class StartWatch:
             info.channel = chan
             missing.discard(hello.rank)
 
-    def wait_ready(self) -> None:
+    def wait_ready(self, what: str = "join the RPC world") -> None:
         """Every worker joined; past ``StatusLine.AFTER`` seconds a line counts them in place."""
         started = time.monotonic()
         status: StatusLine | None = None
@@ -147,7 +147,7 @@ class StartWatch:
                 if status is None and now >= next_status:
                     status = StatusLine()
                     continue
-                self.check(missing, "join the RPC world")
+                self.check(missing, what)
                 self.cv.wait(0.05)
 
     def ping_all(self) -> None:
@@ -176,12 +176,14 @@ class Rank0:
         self.joiner: threading.Thread | None = None
 
     def join(self, watch: StartWatch) -> None:
-        import torch.distributed as dist
         import torch.distributed.rpc as rpc
 
         spec = self.spec
         for line in report_once():  # unless %load_ext said it: what degrades
             Router.write("stderr", line + "\n")
+        if not spec.rpc:
+            self._join_group_only(watch)
+            return
         rpc_hooks.reset_world_state()
         quiet.install()
         if not rref_reset.reset_singleton() and self.epoch > 1:
@@ -218,12 +220,29 @@ class Rank0:
             if usable("rpc_timeout"):
                 rpc._set_rpc_timeout(spec.rpc_timeout)
             shipping.register_patched("torch.distributed.rpc", "torch.distributed.rpc.api")
-            if spec.process_group:
-                self._in_thread(lambda: dist.init_process_group(
-                    spec.process_group, init_method=init["pg"], rank=0,
-                    world_size=spec.world_size, timeout=timedelta(seconds=spec.rpc_timeout)),
-                    watch, "join the process group")
-                self.pg_up = True
+            if spec.group_backend:
+                self._join_group(init["pg"], watch)
+
+    def _join_group_only(self, watch: StartWatch) -> None:
+        """A world without RPC: the process group is all rank 0 joins (no RPC patches, no
+        RRef or address resets: nothing of torch RPC is touched)."""
+        quiet.install()
+        quiet.hide_warnings()
+        if self.store is not None:
+            from ..proc import store
+
+            store.use(self.store)
+        with torch_iface(self.ifname):
+            self._join_group(_rendezvous(self.world_dir, self.store is not None)["pg"], watch)
+
+    def _join_group(self, init_method: str, watch: StartWatch) -> None:
+        import torch.distributed as dist
+
+        spec = self.spec
+        self._in_thread(lambda: dist.init_process_group(
+            spec.group_backend, init_method=init_method, rank=0, world_size=spec.world_size,
+            timeout=timedelta(seconds=spec.rpc_timeout)), watch, "join the process group")
+        self.pg_up = True
 
     def _in_thread(self, fn: Callable[[], Any], watch: StartWatch, what: str) -> None:
         """Run a blocking torch call in a thread while watching the workers and the clock."""

@@ -19,10 +19,11 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from ..errors import DistTimeoutError, StartError, WorkerDiedError
-from ..patches import rpc_hooks
+from ..patches import no_rpc, rpc_hooks
 from ..proc import netif
 from ..proc.channel import Listener
 from ..proc.hosts import HostAgent, launcher_argv, start_agents
@@ -93,11 +94,8 @@ class World:
                     print(f"nbdist: {', '.join(changed)} changed since the worker template "
                           "imported torch; starting a fresh template (one `import torch`)")
             template.ensure_started()  # imports torch in parallel with us
-        import torch.distributed.rpc as rpc
-
-        if not rpc.is_available():
-            raise StartError("this torch build has no torch.distributed.rpc; install a build "
-                             "with distributed support")
+        why_no_rpc = self._choose_rpc()
+        spec = self.spec
         try:
             self.world_dir = tempfile.mkdtemp(prefix="w", dir=SESSION.runtime())
             self.router.keep_logs_in(os.path.join(self.world_dir, "logs"))
@@ -129,9 +127,12 @@ class World:
             self.rank0 = Rank0(spec, self.names, self.world_dir, self.epoch,
                                store=self.store.store if self.store else None, iface=iface)
             SESSION.settle_joiner(watch.deadline)
+            if not spec.rpc:
+                no_rpc.enter(why_no_rpc)
             self.rank0.join(watch)
-            watch.wait_ready()
-            watch.ping_all()
+            watch.wait_ready("join the process group" if not spec.rpc else "join the RPC world")
+            if spec.rpc:
+                watch.ping_all()
         except BaseException as exc:
             self.teardown()
             if isinstance(exc, (StartError, DistTimeoutError, KeyboardInterrupt)):
@@ -140,11 +141,27 @@ class World:
         self.state = ClusterState.RUNNING
         self.startup_seconds = time.monotonic() - t0
         records.set_identity(0, self.names[0])
-        tracing.arm(0, self.names[0])
-        tracing.set_peers(self.live_worker_names)
+        if spec.rpc:
+            tracing.arm(0, self.names[0])
+            tracing.set_peers(self.live_worker_names)
         if not quiet:
             print(f"nbdist: {spec.world_size} ranks ready in {self.startup_seconds:.2f}s: "
-                  + ", ".join(f"{r}={nm}" for r, nm in enumerate(self.names)))
+                  + ", ".join(f"{r}={nm}" for r, nm in enumerate(self.names))
+                  + _without_rpc(why_no_rpc, spec.group_backend))
+
+    def _choose_rpc(self) -> str:
+        """A world asked for with RPC starts without it where torch has none (the start line
+        says so); returns why the world has no RPC (``no_rpc.FLAG`` or ``BUILD``)."""
+        import torch.distributed as dist
+        import torch.distributed.rpc as rpc
+
+        if not dist.is_available():
+            raise StartError("this torch build has no torch.distributed; install a build "
+                             "with distributed support")
+        if self.spec.rpc and not rpc.is_available():
+            self.spec = replace(self.spec, rpc=False)
+            return no_rpc.BUILD
+        return no_rpc.FLAG if not self.spec.rpc else ""
 
     def _start_agents(self, iface: netif.Interface, watch: StartWatch) -> None:
         """The join agent of every host is running (launched now if it is not)."""
@@ -252,6 +269,7 @@ class World:
         try:
             self.router.muted = True
             rpc_hooks.detach()
+            no_rpc.leave()
             tracing.set_peers(None)
             self.followups.stop()
             if self.rank0 is not None:  # first, so rank 0's agent does not complain
@@ -316,3 +334,11 @@ class World:
             if info.alive and info.pid and launcher is not None and launcher.alive():
                 found.setdefault(launcher, []).append(info.pid)
         return found
+
+
+def _without_rpc(why: str, backend: str | None) -> str:
+    """The start line's note on a world without RPC (empty for a world with it)."""
+    if not why:
+        return ""
+    cause = "--no-rpc" if why == no_rpc.FLAG else "this torch has no torch.distributed.rpc"
+    return f"; no RPC ({cause}), process group {backend}"

@@ -218,6 +218,9 @@ def _join_world(cfg: dict) -> None:
     import torch.distributed.rpc as rpc
 
     torch.set_num_threads(cfg["threads"])
+    if not cfg.get("rpc", True):
+        _join_group_only(cfg)
+        return
     shipping.install()
     thread_states.install()
     rpc_hooks.install_callee(after_call=_flush_streams)
@@ -242,6 +245,24 @@ def _join_world(cfg: dict) -> None:
         dist.init_process_group(cfg["process_group"], init_method=cfg["pg_init"], rank=_rank,
                                 world_size=cfg["world_size"],
                                 timeout=timedelta(seconds=cfg["pg_timeout"]))
+
+
+def _join_group_only(cfg: dict) -> None:
+    """A world without RPC (``--no-rpc``): the process group is the world; RPC calls here
+    raise ``NoRpcError`` saying so."""
+    import torch.distributed as dist
+    import torch.distributed.rpc as rpc
+
+    from ..patches import no_rpc
+
+    no_rpc.enter(no_rpc.FLAG if rpc.is_available() else no_rpc.BUILD)
+    if cfg.get("store"):  # a world with hosts: rendezvous through the notebook's store
+        from . import store
+
+        store.use(store.RemoteStore(cfg["store"], cfg["authkey"], cfg["start_timeout"]))
+    dist.init_process_group(cfg["process_group"], init_method=cfg["pg_init"], rank=_rank,
+                            world_size=cfg["world_size"],
+                            timeout=timedelta(seconds=cfg["pg_timeout"]))
 
 
 def _serve(ns: dict) -> None:
