@@ -142,6 +142,12 @@ class Cluster:
         return self._world.running
 
     @property
+    def rpc(self) -> bool:
+        """Whether this world has torch RPC (False: ``--no-rpc``, or a torch without it;
+        ``spec.rpc`` is what was asked for)."""
+        return self._world.spec.rpc
+
+    @property
     def startup_seconds(self) -> float:
         return self._world.startup_seconds
 
