@@ -29,7 +29,7 @@ from ..telemetry import tracing
 from .ranks import RankInfo
 from .router import Router, StatusLine
 
-__all__ = ["Rank0", "StartWatch", "torch_iface", "worker_config"]
+__all__ = ["ARRIVED", "Rank0", "StartWatch", "arrival_file", "torch_iface", "worker_config"]
 
 _DEADLINE_SLACK = 0.5  # a torch wait ending this close to the start deadline is its timeout
 
@@ -64,7 +64,16 @@ def worker_config(spec: WorldSpec, names: list[str], rank: int, world_dir: str,
         "rpc_threads": 16, "process_group": spec.group_backend,
         "pg_init": rendezvous["pg"], "pg_timeout": spec.rpc_timeout,
         "start_timeout": spec.start_timeout, "epoch": epoch, "store": store,
+        "arrivals": None if store else arrival_file(world_dir), "arrived": ARRIVED,
     }
+
+
+ARRIVED = "nbdist/arrived/{rank}"  # a worker of a world without RPC is about to join its group
+
+
+def arrival_file(world_dir: str) -> str:
+    """Where the workers of a local world without RPC say they arrived (a ``FileStore``)."""
+    return os.path.join(world_dir, "arrivals")
 
 
 def _rendezvous(world_dir: str, hosted: bool) -> dict[str, str]:
@@ -225,13 +234,28 @@ class Rank0:
 
     def _join_group_only(self, watch: StartWatch) -> None:
         """A world without RPC: the process group is all rank 0 joins (no RPC patches, no
-        RRef or address resets: nothing of torch RPC is touched)."""
+        RRef or address resets: nothing of torch RPC is touched).
+
+        Gloo's rendezvous waits for the group's whole timeout, so rank 0 joins only once
+        every worker is about to (each says so in the store first): a rank that never comes
+        fails the start at its deadline, named, and no thread of rank 0 is left waiting."""
+        import torch.distributed as dist
+
         quiet.install()
         quiet.hide_warnings()
         if self.store is not None:
             from ..proc import store
 
             store.use(self.store)
+            arrivals = self.store
+        else:
+            arrivals = dist.FileStore(arrival_file(self.world_dir), self.spec.world_size)
+        missing = {r for r in watch.ranks if r}
+        while missing:
+            missing = {r for r in missing if not arrivals.check([ARRIVED.format(rank=r)])}
+            if missing:
+                watch.check(missing, "join the process group")
+                time.sleep(0.01)
         with torch_iface(self.ifname):
             self._join_group(_rendezvous(self.world_dir, self.store is not None)["pg"], watch)
 

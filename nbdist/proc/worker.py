@@ -259,7 +259,11 @@ def _join_group_only(cfg: dict) -> None:
     if cfg.get("store"):  # a world with hosts: rendezvous through the notebook's store
         from . import store
 
-        store.use(store.RemoteStore(cfg["store"], cfg["authkey"], cfg["start_timeout"]))
+        arrivals = store.RemoteStore(cfg["store"], cfg["authkey"], cfg["start_timeout"])
+        store.use(arrivals)
+    else:
+        arrivals = dist.FileStore(cfg["arrivals"], cfg["world_size"])
+    arrivals.set(cfg["arrived"].format(rank=_rank), "1")  # rank 0 joins once all are here
     dist.init_process_group(cfg["process_group"], init_method=cfg["pg_init"], rank=_rank,
                             world_size=cfg["world_size"],
                             timeout=timedelta(seconds=cfg["pg_timeout"]))
