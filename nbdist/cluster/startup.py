@@ -317,7 +317,8 @@ class Rank0:
             except Exception:  # noqa: BLE001
                 pass
             self.rpc_up = False
-        rpc_hooks.reset_world_state()
+        if self.spec.rpc:  # a world without RPC touched none of torch RPC's state
+            rpc_hooks.reset_world_state()
 
 
 @contextlib.contextmanager
