@@ -128,7 +128,8 @@ class DistMagics(Magics):
     @no_var_expand
     @line_magic
     def dist_start(self, line: str) -> None:
-        """Start N worker ranks; this notebook becomes rank 0 of their RPC world.
+        """Start N worker ranks; this notebook becomes rank 0 of their RPC world (with
+        ``--no-rpc``: of their process group, with no RPC agent).
 
         Example: ``%dist_start 2 --name agent --worker-name obs{rank}``
         """
