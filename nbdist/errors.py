@@ -7,6 +7,7 @@ Hierarchy::
     ├── StartError               a world could not be started (names the rank and why)
     ├── WorkerDiedError          a rank died; says how (exit code or signal)
     ├── DistTimeoutError         a wait ran past its deadline; names rank and what it waited for
+    ├── NoRpcError               an RPC call in a world started without torch RPC (``--no-rpc``)
     └── RemoteError              code raised on a worker; carries the remote traceback
         └── DistCellError        a ``%%dist`` cell failed on one or more ranks
 
@@ -23,6 +24,7 @@ __all__ = [
     "DistCellError",
     "DistTimeoutError",
     "NbdistError",
+    "NoRpcError",
     "RankFailure",
     "RemoteError",
     "StartError",
@@ -54,6 +56,11 @@ class WorkerDiedError(NbdistError):
 
 class DistTimeoutError(NbdistError, TimeoutError):
     """A wait ran past its deadline."""
+
+
+class NoRpcError(NbdistError):
+    """Something that needs torch RPC ran in a world that has no RPC agent (``--no-rpc``,
+    or a torch build without ``torch.distributed.rpc``)."""
 
 
 @dataclass

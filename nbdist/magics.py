@@ -6,6 +6,7 @@ mistake becomes a ``UsageError`` that says what to do; nothing is started when o
 
 from __future__ import annotations
 
+import argparse
 import re
 import shlex
 from typing import Any
@@ -41,6 +42,10 @@ def _start_args(f: Any) -> Any:
         argument("--device-maps", default=None, choices=["auto", "none"],
                  help="auto: TensorPipe device maps between the ranks' GPUs, so CUDA tensors "
                       "travel over RPC GPU to GPU"),
+        argument("--rpc", action=argparse.BooleanOptionalAction, default=None,
+                 help="--no-rpc: no torch RPC agent on any rank, a process group (gloo) "
+                      "instead; cells, --local SPMD, output, status and restart work as "
+                      "usual (restart: --rpc brings RPC back)"),
         argument("--start-timeout", type=float, default=None,
                  help="give up starting after this many seconds (default 60)"),
         argument("--hosts", default=None,
@@ -115,7 +120,8 @@ def _settings(args: Any) -> dict:
         "rpc_timeout": args.rpc_timeout, "process_group": args.process_group,
         "start_timeout": args.start_timeout, "hosts": hosts, "iface": args.iface,
         "launcher": args.launcher, "remote_python": args.remote_python,
-        "gpus": args.gpus, "device_maps": args.device_maps, "heal": args.heal}.items()
+        "gpus": args.gpus, "device_maps": args.device_maps, "heal": args.heal,
+        "rpc": args.rpc}.items()
         if v is not None}
 
 
@@ -136,7 +142,8 @@ class DistMagics(Magics):
     @no_var_expand
     @line_magic
     def dist_start(self, line: str) -> None:
-        """Start N worker ranks; this notebook becomes rank 0 of their RPC world.
+        """Start N worker ranks; this notebook becomes rank 0 of their RPC world (with
+        ``--no-rpc``: of their process group, with no RPC agent).
 
         Example: ``%dist_start 2 --name agent --worker-name obs{rank}``
         """

@@ -53,6 +53,7 @@ class WorldSpec:
     gpus: str = "auto"  # auto, none, or GPU indices "0,2": rank r gets gpus[r % len] (devices)
     device_maps: str | None = None  # "auto": TensorPipe maps each rank's GPU to its peers'
     heal: bool = False  # replace a rank that dies, keeping the others (``cluster.heal``)
+    rpc: bool = True  # False: no torch RPC agent on any rank, a process group instead
 
     def __post_init__(self) -> None:
         # ``worker_name=["ps", "trainer{rank}"]`` from Python is the list ``ps,trainer{rank}``
@@ -80,6 +81,8 @@ class WorldSpec:
         if not self.rpc_timeout > 0:
             raise ValueError(f"--rpc-timeout must be a positive number of seconds, "
                              f"got {self.rpc_timeout!r}")
+        if not isinstance(self.rpc, bool):
+            raise ValueError(f"rpc must be True or False, got {self.rpc!r}")
         if self.process_group not in (None, "gloo", "nccl", "auto"):
             raise ValueError(f"--process-group {self.process_group!r} is not supported; use "
                              "gloo (CPU collectives, DDP), nccl (a GPU per rank) or auto")
@@ -127,6 +130,12 @@ class WorldSpec:
 
     def with_changes(self, **changes) -> WorldSpec:
         return replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+    @property
+    def group_backend(self) -> str | None:
+        """The process group to start: ``process_group``, or gloo in a world without RPC
+        (the group is then what holds the world together)."""
+        return self.process_group or (None if self.rpc else "gloo")
 
     @property
     def world_size(self) -> int:

@@ -6,6 +6,7 @@ Helpers every test file uses (import them: ``from conftest import wait_until``):
   the test saying what it waited for. Deadlines mean "it hangs": ≥ 10× the expected time.
 - ``free_port()``, ``child_pids()``, ``wait_gone(pids)``, ``listening(pids)``.
 - ``start_refused(shell, line)``: ``%dist_start line`` fails and starts nothing.
+- ``WORLD_KINDS``: run a test in an RPC world and in one without RPC (``--no-rpc``).
 - ``run_notebook`` / ``run_checked``: execute a notebook headless in a real kernel.
 
 Fixtures: ``world`` (in-process worlds), ``ipython`` (a shell with ``%load_ext nbdist``),
@@ -60,6 +61,11 @@ def pytest_collection_modifyitems(config, items):
 
 
 # -- helpers ----------------------------------------------------------------------------------
+# A test that holds in both kinds of world runs in each: ``@WORLD_KINDS`` gives it ``kind``,
+# "" or "--no-rpc", to append to `%dist_start`'s flags (``world(n, rpc=not kind)``).
+WORLD_KINDS = pytest.mark.parametrize("kind", ["", "--no-rpc"], ids=["rpc", "no-rpc"])
+
+
 def wait_until(predicate, timeout: float, what: str, interval: float = 0.02):
     """Poll ``predicate`` until it returns something truthy, and return that.
 

@@ -11,8 +11,8 @@ import nbdist
 
 EXPECTED = {
     "Cluster", "ClusterStateError", "DistCellError", "DistTimeoutError", "NbdistError",
-    "RemoteError", "StartError", "WorkerDiedError", "__version__", "clear_history", "current",
-    "dashboard", "device", "events", "export_history", "history", "history_frame",
+    "NoRpcError", "RemoteError", "StartError", "WorkerDiedError", "__version__", "clear_history",
+    "current", "dashboard", "device", "events", "export_history", "history", "history_frame",
     "load_ipython_extension", "log", "release_hosts", "rpc_stats", "start", "stop",
 }
 

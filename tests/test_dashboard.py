@@ -10,7 +10,7 @@ import time
 
 import nbformat
 import pytest
-from conftest import ARTIFACTS, assert_no_errors, run_notebook, wait_until
+from conftest import ARTIFACTS, WORLD_KINDS, assert_no_errors, run_notebook, wait_until
 
 import nbdist
 from nbdist.display import Dashboard, close_all, record_timing
@@ -34,8 +34,9 @@ def _echo(x):
     return x
 
 
-def test_widget_updates_while_a_long_cell_runs(world, tmp_path):
-    c = world(2)
+@WORLD_KINDS
+def test_widget_updates_while_a_long_cell_runs(world, tmp_path, kind):
+    c = world(2, rpc=not kind)
     enough = tmp_path / "seen-two-updates"  # the cell runs until the watcher saw them
     d = Dashboard(hz=10, widgets=True)
     d.refresh(force=True)  # the picture before the cell
@@ -112,8 +113,9 @@ def test_picture_file_outside_a_notebook(world, tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["live.png", "run.png", "run.svg"], "temp files left"
 
 
-def test_record_timing_from_a_worker_reaches_the_notebook(world):
-    c = world(1)
+@WORLD_KINDS
+def test_record_timing_from_a_worker_reaches_the_notebook(world, kind):
+    c = world(1, rpc=not kind)
     c.run("from nbdist.display import record_timing\nrecord_timing(3, 'batched', 1.5)\n",
           show=False)  # internal records travel before the cell's result
     rows = [(t["observers"], t["mode"], t["seconds"], t["rank"]) for t in timing.timings()]

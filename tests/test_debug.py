@@ -22,6 +22,20 @@ def kernel():
     yield from kernel_with_world(START)
 
 
+@pytest.fixture(scope="module")
+def kernel_no_rpc():
+    """The same in a world without RPC (``--no-rpc``): debugging travels on the control
+    channel, so what does not call RPC works there as well."""
+    yield from kernel_with_world(START.replace("%dist_start 2", "%dist_start 2 --no-rpc"))
+
+
+@pytest.fixture(scope="module", params=["kernel", "kernel_no_rpc"])
+def any_kernel(request):
+    """Each world kind's kernel in turn (module-scoped, so it is up before a test's leak
+    guard looks at the processes)."""
+    return request.getfixturevalue(request.param)
+
+
 def _run(k: Kernel, code: str, answers: list[str], timeout: float = 60,
          on_prompt=None) -> tuple[str, list[str], str]:
     """Run ``code`` answering prompts from ``answers``; (stdout, prompts seen, status)."""
@@ -63,7 +77,8 @@ def _run(k: Kernel, code: str, answers: list[str], timeout: float = 60,
     return out, prompts, reply["content"]["status"]
 
 
-def test_post_mortem_inspects_the_failing_frame_and_its_caller(kernel):
+def test_post_mortem_inspects_the_failing_frame_and_its_caller(any_kernel):
+    kernel = any_kernel
     out, _, status = _run(kernel, "%%dist --ranks 2\n"
                                   "def scale(x):\n    y = x * 2\n    raise ValueError(y)\n"
                                   "outer = 'caller frame'\nscale(21)", [])
@@ -87,7 +102,8 @@ def test_breakpoint_in_a_function_called_by_rpc_sync(kernel):
     assert out.rstrip().endswith("got 50")
 
 
-def test_two_ranks_hitting_breakpoints_are_served_one_after_the_other(kernel):
+def test_two_ranks_hitting_breakpoints_are_served_one_after_the_other(any_kernel):
+    kernel = any_kernel
     out, prompts, status = _run(kernel, "%%dist\nimport os\nr = int(os.environ['NBDIST_RANK'])"
                                         "\nbreakpoint()\nr * 100",
                                 ["p r", "c", "p r", "c"])
@@ -98,7 +114,8 @@ def test_two_ranks_hitting_breakpoints_are_served_one_after_the_other(kernel):
     assert "[worker1] 100" in out and "[worker2] 200" in out
 
 
-def test_q_raises_in_that_worker_only(kernel):
+def test_q_raises_in_that_worker_only(any_kernel):
+    kernel = any_kernel
     out, _, status = _run(kernel, "%%dist\nimport os\n"
                                   "if os.environ['NBDIST_RANK'] == '1':\n    breakpoint()\n'done'",
                           ["q"])

@@ -8,7 +8,7 @@ import threading
 import time
 
 import pytest
-from conftest import wait_until
+from conftest import WORLD_KINDS, wait_until
 
 import nbdist
 from nbdist.errors import DistCellError, DistTimeoutError, StartError, WorkerDiedError
@@ -212,20 +212,23 @@ def test_dist_timeout_interrupts_and_names_ranks(world):
 
 
 @pytest.mark.slow
-def test_start_timeout_leaves_no_joining_thread_and_the_next_start_works(monkeypatch):
+@WORLD_KINDS
+def test_start_timeout_leaves_no_joining_thread_and_the_next_start_works(monkeypatch, kind):
     """A rank that never joins: the start fails by its deadline naming it, and rank 0's own
-    init_rpc thread ends too (bounded by the same deadline, not torch's 24-day Gloo wait)."""
+    init_rpc thread ends too (bounded by the same deadline, not torch's 24-day Gloo wait).
+    Without RPC rank 0 joins the group only once every worker is about to: it never waits
+    inside it for a rank that will not come."""
     nbdist.start(1, quiet=True).stop()  # the template is warm: the 4 s are the workers'
     monkeypatch.setenv("NBDIST_TEST_STALL_RANK", "2")
     t0 = time.monotonic()
     with pytest.raises(DistTimeoutError) as info:
-        nbdist.start(2, quiet=True, start_timeout=4)
+        nbdist.start(2, quiet=True, start_timeout=4, rpc=not kind)
     assert "rank 2 (worker2)" in str(info.value)
     assert time.monotonic() - t0 < 4 + 30  # "it hangs" bound: the deadline plus teardown
     wait_until(lambda: not any(t.name == "nbdist-join" for t in threading.enumerate()),
                4 + 30, "rank 0's init_rpc thread to end by its deadline")
     monkeypatch.delenv("NBDIST_TEST_STALL_RANK")
-    c = nbdist.start(2, quiet=True)
+    c = nbdist.start(2, quiet=True, rpc=not kind)
     try:
         assert c.run("1+1", show=False) == {1: "2", 2: "2"}
     finally:

@@ -271,3 +271,24 @@ def test_the_dashboard_shows_a_keep_restart_as_an_event(world):
         assert render.to_png(render.dashboard_figure(snap)).startswith(b"\x89PNG")
     finally:
         d.close()
+
+
+def test_keep_restart_in_a_world_without_rpc(world, capsys):
+    """Issue 18 with issue 19's --no-rpc: the group is rebuilt, the kept ranks' state stays."""
+    import torch.distributed as dist
+
+    c = world(2, rpc=False)
+    c.run(MARK, show=False)
+    os.kill(c.ranks[2].pid, signal.SIGKILL)
+    wait_until(lambda: not c.ranks[2].alive, 10.0, "rank 2 to be marked dead")
+    capsys.readouterr()
+    c.restart(3, keep=True)
+    assert "kept state: 1; fresh: 2 (killed by SIGKILL" in capsys.readouterr().out
+    assert _markers(c) == {1: _pid_marker(c, 1), 2: None, 3: None}
+    exec_id = c.send_cell("import torch, torch.distributed as dist\nt = torch.ones(1)\n"
+                          "dist.all_reduce(t)\nint(t.item())", [1, 2, 3])
+    mine = torch.ones(1)
+    dist.all_reduce(mine)
+    assert c.report(c.collect(exec_id, [1, 2, 3], 60), [1, 2, 3], show=False) == \
+        {1: "4", 2: "4", 3: "4"}
+    assert mine.item() == 4

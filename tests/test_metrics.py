@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 import torch.distributed.rpc as rpc
-from conftest import wait_until
+from conftest import WORLD_KINDS, wait_until
 
 import nbdist
 from nbdist.telemetry import records as metrics
@@ -32,8 +32,9 @@ def _log_burst(n: int, tag: str) -> int:
     return n
 
 
-def test_four_ranks_5000_records_each_arrive_in_order(ipython):
-    ipython.run_line_magic("dist_start", "4")
+@WORLD_KINDS
+def test_four_ranks_5000_records_each_arrive_in_order(ipython, kind):
+    ipython.run_line_magic("dist_start", f"4 {kind}")
     c = nbdist.current()
     ipython.run_cell_magic("dist", "", "import nbdist\nfor i in range(5000):\n"
                                        "    nbdist.log(i=i, reward=i * 0.5)\n")

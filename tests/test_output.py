@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from conftest import wait_until
+from conftest import WORLD_KINDS, wait_until
 
 CODE = '''
 import sys, threading, warnings
@@ -66,8 +66,9 @@ def test_output_arrives_before_rpc_returns(ipython, capsys, monkeypatch):
         assert f"[worker1] hello there {i}\nafter {i}\n" in out, (i, out)
 
 
-def test_dist_cell_streams_and_shows_last_expression(ipython, capsys):
-    ipython.run_line_magic("dist_start", "2")
+@WORLD_KINDS
+def test_dist_cell_streams_and_shows_last_expression(ipython, capsys, kind):
+    ipython.run_line_magic("dist_start", f"2 {kind}")
     capsys.readouterr()
     ipython.run_cell_magic("dist", "", "import os\nprint('pid', os.getpid() > 0)\n"
                                        "{'rank': int(os.environ['NBDIST_RANK'])}")
@@ -76,8 +77,9 @@ def test_dist_cell_streams_and_shows_last_expression(ipython, capsys):
     assert "[worker1] {'rank': 1}" in out and "[worker2] {'rank': 2}" in out
 
 
-def test_partial_lines_are_flushed_and_state_persists(ipython, capsys):
-    ipython.run_line_magic("dist_start", "1")
+@WORLD_KINDS
+def test_partial_lines_are_flushed_and_state_persists(ipython, capsys, kind):
+    ipython.run_line_magic("dist_start", f"1 {kind}")
     ipython.run_cell_magic("dist", "", "counter = 41")
     capsys.readouterr()
     ipython.run_cell_magic("dist", "", "counter += 1\nprint('no newline', end='')\ncounter")
@@ -134,12 +136,13 @@ def _call_work(n):
     return __main__.work(n)
 
 
-def test_background_thread_output_outside_any_cell_lands(world, tmp_path):
+@WORLD_KINDS
+def test_background_thread_output_outside_any_cell_lands(world, tmp_path, kind):
     """A worker thread prints after its cell ended, while no cell runs: the line is kept
     and ``nbdist.current().logs(rank)`` returns it."""
     import nbdist
 
-    c = world(2)
+    c = world(2, rpc=not kind)
     go = tmp_path / "go"
     c.run("import os, threading, time\n"
           "def later(flag):\n    t0 = time.monotonic()\n"

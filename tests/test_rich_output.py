@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 
 import pytest
+from conftest import WORLD_KINDS
 
 from nbdist.cluster.rich import render_grid
 from nbdist.errors import DistCellError
@@ -186,8 +187,9 @@ def test_magics_help_and_shell_escapes(ipython, capsys):
     assert "[worker1] 'awaited'" in capsys.readouterr().out
 
 
-def test_values_errors_and_underscore_keep_their_meaning(world):
-    c = world(2)
+@WORLD_KINDS
+def test_values_errors_and_underscore_keep_their_meaning(world, kind):
+    c = world(2, rpc=not kind)
     long = "list(range(40))"
     assert c.run(long, show=False) == {1: repr(list(range(40))), 2: repr(list(range(40)))}
     assert c.run("40 + 2", ranks=[1], show=False) == {1: "42"}
@@ -204,9 +206,10 @@ def test_values_errors_and_underscore_keep_their_meaning(world):
     assert c.run("y = 3\ny * 2", ranks=[2], show=False) == {2: "6"}  # the worker goes on
 
 
-def test_displays_outside_jupyter_and_the_size_limit(world, capsys, monkeypatch):
+@WORLD_KINDS
+def test_displays_outside_jupyter_and_the_size_limit(world, capsys, monkeypatch, kind):
     monkeypatch.setenv("NBDIST_DISPLAY_MB", "0.01")  # the workers take the notebook's env
-    c = world(1)
+    c = world(1, rpc=not kind)
     capsys.readouterr()
     c.run("from IPython.display import HTML, display\ndisplay(HTML('<b>x</b>'))\n"
           "display(HTML('y' * 20000))")

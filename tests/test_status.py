@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import re
 
+from conftest import WORLD_KINDS
+
 import nbdist.cluster.core as cl
 from nbdist.cluster.session import SESSION
 from nbdist.cluster.status import TEMPLATE_RANK, StatusTable, collect_status
@@ -14,8 +16,9 @@ def _text_rows(table: StatusTable) -> list[list[str]]:
     return [re.split(r"\s{2,}", line.strip()) for line in str(table).splitlines()]
 
 
-def test_dist_status_shows_every_rank_as_text_and_html(ipython):
-    ipython.run_line_magic("dist_start", "2 --name agent --worker-name obs{rank}")
+@WORLD_KINDS
+def test_dist_status_shows_every_rank_as_text_and_html(ipython, kind):
+    ipython.run_line_magic("dist_start", f"2 --name agent --worker-name obs{{rank}} {kind}")
     table = ipython.run_line_magic("dist_status", "")
     rows = _text_rows(table)
     assert rows[0][:7] == list(StatusTable.COLUMNS)  # then the GPU's, on a GPU machine

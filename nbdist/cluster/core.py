@@ -49,9 +49,12 @@ def start(n: int, *, name: str = "worker0", worker_name: str = "worker{rank}",
           process_group: str | None = None, start_timeout: float = 60.0,
           hosts: Any = None, iface: str | None = None, launcher: str = "ssh",
           remote_python: str | None = None, gpus: str = "auto",
-          device_maps: str | None = None, heal: bool = False,
+          device_maps: str | None = None, heal: bool = False, rpc: bool = True,
           quiet: bool = False) -> Cluster:
     """Start ``n`` worker ranks and make this process rank 0 of their RPC world.
+
+    ``rpc=False`` (``--no-rpc``): no torch RPC agent on any rank, a process group instead
+    (``process_group``, default gloo); so too, with a note, where torch has no RPC.
 
     ``hosts`` (``{"node1": 4, "node2": 4}``, ``"node1:4,node2:4"`` or ``"slurm"``) adds
     ranks on other machines after the ``n`` local ones, started there by ``launcher``
@@ -66,7 +69,7 @@ def start(n: int, *, name: str = "worker0", worker_name: str = "worker{rank}",
     spec = WorldSpec(n, name, worker_name, threads, rpc_timeout, process_group,
                      start_timeout, hosts=parse_hosts(hosts, slurm_hosts), iface=iface,
                      launcher=launcher, remote_python=remote_python, gpus=gpus,
-                     device_maps=device_maps, heal=heal).validate()
+                     device_maps=device_maps, heal=heal, rpc=rpc).validate()
     if current() is not None:
         raise ClusterStateError("a world is already running; use `%dist_restart` (or "
                                 "`nbdist.current().restart()`) to start a new one, or "
@@ -154,6 +157,12 @@ class Cluster:
     @property
     def running(self) -> bool:
         return self._world.running
+
+    @property
+    def rpc(self) -> bool:
+        """Whether this world has torch RPC (False: ``--no-rpc``, or a torch without it;
+        ``spec.rpc`` is what was asked for)."""
+        return self._world.spec.rpc
 
     @property
     def startup_seconds(self) -> float:
@@ -346,7 +355,7 @@ class Cluster:
         """``restart(keep=True)`` of a running world (``healing``: the ranks --heal replaces)."""
         from ..patches.torch_private import usable
 
-        if not usable("restart"):  # every rank would wait in init_rpc until the deadline
+        if spec.rpc and not usable("restart"):  # every rank would wait in init_rpc
             raise StartError("this torch hides the RPC state nbdist resets between worlds "
                              "(see `%load_ext nbdist`'s report), so no rank can rejoin: "
                              "restart without --keep")

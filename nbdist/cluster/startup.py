@@ -31,8 +31,8 @@ from ..telemetry import tracing
 from .ranks import RankInfo
 from .router import Router, StatusLine
 
-__all__ = ["REJOIN_KEYS", "Rank0", "StartWatch", "rejoin_config", "torch_iface",
-           "worker_config"]
+__all__ = ["ARRIVED", "REJOIN_KEYS", "Rank0", "StartWatch", "arrival_file", "rejoin_config",
+           "torch_iface", "worker_config"]
 
 _DEADLINE_SLACK = 0.5  # a torch wait ending this close to the start deadline is its timeout
 
@@ -68,20 +68,30 @@ def worker_config(spec: WorldSpec, names: list[str], rank: int, world_dir: str,
         "socket": socket, "authkey": key, "cwd": os.getcwd(),
         "env": env, "env_extra": extra, "path": list(sys.path), "threads": threads,
         "host": host, "host_ranks": dict(spec.hosts).get(host, 0),
-        "rpc_init": rendezvous["rpc"], "rpc_timeout": spec.rpc_timeout,
+        "rpc": spec.rpc, "rpc_init": rendezvous["rpc"], "rpc_timeout": spec.rpc_timeout,
         "rpc_threads": 16,
-        "process_group": gpu.backend if gpu is not None else spec.process_group,
+        "process_group": gpu.backend if gpu is not None else spec.group_backend,
         "device": device, "device_maps": gpu.maps.get(names[rank]) if gpu else None,
         "pg_init": rendezvous["pg"], "pg_timeout": spec.rpc_timeout,
         "start_timeout": spec.start_timeout, "epoch": epoch, "store": store,
+        "arrivals": None if store else arrival_file(world_dir, epoch), "arrived": ARRIVED,
     }
+
+
+ARRIVED = "nbdist/arrived/{rank}"  # a worker of a world without RPC is about to join its group
+
+
+def arrival_file(world_dir: str, epoch: int) -> str:
+    """Where the workers of a local world without RPC say they arrived (a ``FileStore``,
+    one per epoch: a kept world is rebuilt in the same directory)."""
+    return os.path.join(world_dir, f"arrivals-{epoch}")
 
 
 #: What a kept worker takes from a new world's config when it rejoins (``proc.protocol.Rejoin``);
 #: the rest (environment, paths, threads, as its host adapted them) stays as it started.
-REJOIN_KEYS = ("name", "world_size", "socket", "authkey", "rpc_init", "rpc_timeout",
+REJOIN_KEYS = ("name", "world_size", "socket", "authkey", "rpc", "rpc_init", "rpc_timeout",
                "process_group", "pg_init", "pg_timeout", "start_timeout", "epoch", "store",
-               "device", "device_maps")
+               "device", "device_maps", "arrivals", "arrived")
 
 
 def rejoin_config(config: dict) -> dict:
@@ -152,7 +162,7 @@ class StartWatch:
             info.channel = chan
             missing.discard(hello.rank)
 
-    def wait_ready(self) -> None:
+    def wait_ready(self, what: str = "join the RPC world") -> None:
         """Every worker joined; past ``StatusLine.AFTER`` seconds a line counts them in place."""
         started = time.monotonic()
         status: StatusLine | None = None
@@ -171,7 +181,7 @@ class StartWatch:
                 if status is None and now >= next_status:
                     status = StatusLine()
                     continue
-                self.check(missing, "join the RPC world")
+                self.check(missing, what)
                 self.cv.wait(0.05)
 
     def ping_all(self) -> None:
@@ -193,7 +203,7 @@ class Rank0:
                  store: Any = None, iface: Interface | None = None,
                  gpu: Setup | None = None) -> None:
         self.spec, self.names, self.world_dir, self.epoch = spec, names, world_dir, epoch
-        self.backend = gpu.backend if gpu is not None else spec.process_group
+        self.backend = gpu.backend if gpu is not None else spec.group_backend
         self.device = gpu.device(0) if gpu is not None else None  # the plan's; not set here
         self.maps = gpu.maps.get(names[0]) if gpu is not None else None
         self.store = store  # a host world's MemoryStore
@@ -205,12 +215,14 @@ class Rank0:
         self._excepthook = sys.excepthook  # init_process_group wraps it; leave() restores it
 
     def join(self, watch: StartWatch) -> None:
-        import torch.distributed as dist
         import torch.distributed.rpc as rpc
 
         spec = self.spec
         for line in report_once():  # unless %load_ext said it: what degrades
             Router.write("stderr", line + "\n")
+        if not spec.rpc:
+            self._join_group_only(watch)
+            return
         rpc_hooks.reset_world_state()
         quiet.install()
         if not rref_reset.reset_singleton() and self.epoch > 1:
@@ -249,13 +261,48 @@ class Rank0:
                 rpc._set_rpc_timeout(spec.rpc_timeout)
             shipping.register_patched("torch.distributed.rpc", "torch.distributed.rpc.api")
             if self.backend:
-                with nccl.notebook_safe(self.backend):
-                    self._in_thread(lambda: dist.init_process_group(
-                        self.backend, init_method=init["pg"], rank=0,
-                        world_size=spec.world_size, timeout=timedelta(seconds=spec.rpc_timeout),
-                        device_id=nccl.device_id(self.backend, self.device)),
-                        watch, "join the process group")
-                self.pg_up = True
+                self._join_group(init["pg"], watch)
+
+    def _join_group_only(self, watch: StartWatch) -> None:
+        """A world without RPC: the process group is all rank 0 joins (no RPC patches, no
+        RRef or address resets: nothing of torch RPC is touched).
+
+        Gloo's rendezvous waits for the group's whole timeout, so rank 0 joins only once
+        every worker is about to (each says so in the store first): a rank that never comes
+        fails the start at its deadline, named, and no thread of rank 0 is left waiting."""
+        import torch.distributed as dist
+
+        quiet.install()
+        quiet.hide_warnings()
+        if self.store is not None:
+            from ..proc import store
+
+            store.use(self.store)
+            arrivals = self.store
+        else:
+            arrivals = dist.FileStore(arrival_file(self.world_dir, self.epoch),
+                                      self.spec.world_size)
+        missing = {r for r in watch.ranks if r}
+        while missing:
+            missing = {r for r in missing if not arrivals.check([ARRIVED.format(rank=r)])}
+            if missing:
+                watch.check(missing, "join the process group")
+                time.sleep(0.01)
+        with torch_iface(self.ifname):
+            self._join_group(_rendezvous(self.world_dir, self.epoch,
+                                         self.store is not None)["pg"], watch)
+
+    def _join_group(self, init_method: str, watch: StartWatch) -> None:
+        import torch.distributed as dist
+
+        spec, backend = self.spec, self.backend
+        with nccl.notebook_safe(backend):
+            self._in_thread(lambda: dist.init_process_group(
+                backend, init_method=init_method, rank=0, world_size=spec.world_size,
+                timeout=timedelta(seconds=spec.rpc_timeout),
+                device_id=nccl.device_id(backend, self.device)),
+                watch, "join the process group")
+        self.pg_up = True
 
     def _in_thread(self, fn: Callable[[], Any], watch: StartWatch, what: str) -> None:
         """Run a blocking torch call in a thread while watching the workers and the clock."""
@@ -310,7 +357,8 @@ class Rank0:
             except Exception:  # noqa: BLE001
                 pass
             self.rpc_up = False
-        rpc_hooks.reset_world_state()
+        if self.spec.rpc:  # a world without RPC touched none of torch RPC's state
+            rpc_hooks.reset_world_state()
 
 
 @contextlib.contextmanager

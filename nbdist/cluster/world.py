@@ -19,11 +19,12 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from .. import devices
 from ..errors import DistTimeoutError, StartError, WorkerDiedError
-from ..patches import rpc_hooks
+from ..patches import no_rpc, rpc_hooks
 from ..proc import cuda, nccl, netif
 from ..proc.channel import Listener
 from ..proc.hosts import HostAgent, launcher_argv, start_agents
@@ -70,6 +71,7 @@ class World:
         self.followups = FollowUps(cells.interrupt_rpc)
         self.key = os.urandom(32)  # authenticates control connections and the store
         self.gpu: devices.Setup | None = None  # set by check()
+        self.why_no_rpc = ""  # no_rpc.FLAG or BUILD in a world without RPC
 
     @property
     def running(self) -> bool:
@@ -91,7 +93,7 @@ class World:
         """Each local rank's device, the group's backend and device maps (ValueError if the
         flags cannot be met here)."""
         has_cuda, count = cuda.visible()
-        return devices.setup(spec.gpus, spec.process_group, spec.device_maps, names,
+        return devices.setup(spec.gpus, spec.group_backend, spec.device_maps, names,
                              spec.n + 1, count, has_cuda)
 
     def start(self, quiet: bool) -> None:
@@ -119,7 +121,8 @@ class World:
         if not quiet:
             note = f" ({self.gpu.note})" if self.gpu is not None and self.gpu.note else ""
             print(f"nbdist: {spec.world_size} ranks ready in {self.startup_seconds:.2f}s: "
-                  + ", ".join(f"{r}={nm}" for r, nm in enumerate(self.names)) + note)
+                  + ", ".join(f"{r}={nm}" for r, nm in enumerate(self.names)) + note
+                  + _without_rpc(self.why_no_rpc, self.spec.group_backend))
 
     def rebuild(self, spec: WorldSpec, names: list[str], epoch: int, kept: set[int]) -> None:
         """Keep-restart: the same world directory, receiver and cells; ranks in ``kept`` keep
@@ -178,11 +181,7 @@ class World:
                     print(f"nbdist: {', '.join(changed)} changed since the worker template "
                           "imported torch; starting a fresh template (one `import torch`)")
             template.ensure_started()  # imports torch in parallel with us
-        import torch.distributed.rpc as rpc
-
-        if not rpc.is_available():
-            raise StartError("this torch build has no torch.distributed.rpc; install a build "
-                             "with distributed support")
+        self.why_no_rpc = self._choose_rpc()
         return template
 
     def _join_all(self, template: Launcher, watch: StartWatch, kept: set[int]) -> None:
@@ -225,16 +224,35 @@ class World:
                            store=self.store.store if self.store else None, iface=iface,
                            gpu=self.gpu)
         SESSION.settle_joiner(watch.deadline)
+        if not spec.rpc:
+            no_rpc.enter(self.why_no_rpc)
         self.rank0.join(watch)
-        watch.wait_ready()
-        watch.ping_all()
+        watch.wait_ready("join the process group" if not spec.rpc else "join the RPC world")
+        if spec.rpc:
+            watch.ping_all()
 
     def _running(self, t0: float) -> None:
         self.state = ClusterState.RUNNING
         self.startup_seconds = time.monotonic() - t0
         records.set_identity(0, self.names[0])
-        tracing.arm(0, self.names[0])
-        tracing.set_peers(self.live_worker_names)
+        if self.spec.rpc:
+            tracing.arm(0, self.names[0])
+            tracing.set_peers(self.live_worker_names)
+
+    def _choose_rpc(self) -> str:
+        """A world asked for with RPC starts without it where torch has none (the start line
+        says so); returns why the world has no RPC (``no_rpc.FLAG`` or ``BUILD``)."""
+        import torch.distributed as dist
+        import torch.distributed.rpc as rpc
+
+        if not dist.is_available():
+            raise StartError("this torch build has no torch.distributed; install a build "
+                             "with distributed support")
+        if self.spec.rpc and not rpc.is_available():
+            self.spec = replace(self.spec, rpc=False)
+            self.gpu = self._plan_devices(self.spec, self.names)  # the group is now gloo's
+            return no_rpc.BUILD
+        return no_rpc.FLAG if not self.spec.rpc else ""
 
     def _start_agents(self, iface: netif.Interface, watch: StartWatch) -> None:
         """The join agent of every host is running (launched now if it is not)."""
@@ -366,6 +384,7 @@ class World:
     def _leave_rpc(self) -> None:
         """Rank 0 leaves the RPC world (first, so its agent does not complain of the others)."""
         rpc_hooks.detach()
+        no_rpc.leave()
         tracing.set_peers(None)
         self.followups.stop()
         self.followups = FollowUps(self.cells.interrupt_rpc)
@@ -415,3 +434,11 @@ class World:
             if info.alive and info.pid and launcher is not None and launcher.alive():
                 found.setdefault(launcher, []).append(info.pid)
         return found
+
+
+def _without_rpc(why: str, backend: str | None) -> str:
+    """The start line's note on a world without RPC (empty for a world with it)."""
+    if not why:
+        return ""
+    cause = "--no-rpc" if why == no_rpc.FLAG else "this torch has no torch.distributed.rpc"
+    return f"; no RPC ({cause}), process group {backend}"

@@ -19,6 +19,8 @@ from collections.abc import Iterator, Sequence
 import torch
 import torch.distributed.autograd as _dist_autograd
 
+from ..patches import no_rpc
+
 __all__ = ["backward", "context", "get_gradients", "grad", "is_available"]
 
 _lock = threading.Lock()
@@ -36,6 +38,7 @@ def is_available() -> bool:
 @contextlib.contextmanager
 def context() -> Iterator[int]:
     """A distributed autograd context around a forward and backward pass; yields its id."""
+    no_rpc.check("nbdist.parallel.autograd.context (distributed autograd)")
     with _dist_autograd.context() as context_id:
         try:
             yield context_id

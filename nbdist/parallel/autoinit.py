@@ -28,6 +28,7 @@ from datetime import timedelta
 from typing import Any, TypeVar
 from urllib.parse import urlparse
 
+from ..patches import no_rpc
 from .partition import Partition
 from .remote import remote_async_call
 from .sync import barrier
@@ -208,6 +209,7 @@ def auto_init_rpc(worker_init_fn: Callable[[], Any] | None = None,
     def decorate(func: F) -> F:
         @functools.wraps(func)
         def wrapped(*args: Any, **kwargs: Any) -> Any:
+            no_rpc.check(f"nbdist.parallel.auto_init_rpc ({func.__name__})")
             if rpc_live():
                 if worker_init_fn is not None:
                     _init_everywhere(worker_init_fn)

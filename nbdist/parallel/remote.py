@@ -16,6 +16,7 @@ from typing import Any
 
 import cloudpickle
 
+from ..patches import no_rpc
 from .errors import PartitionError, PartitionFailure
 from .partition import Partition, Partitioner, batch_partitioner
 from .reduce import PartitionResults
@@ -158,6 +159,7 @@ def _launch(func: Callable[..., Any], args: Sequence[Any] | None, kwargs: dict |
             partitioner: Partitioner | None, timeout: float | None) -> _Launched:
     if not callable(func):
         raise TypeError(f"func must be callable, got {func!r}")
+    no_rpc.check(f"nbdist.parallel's remote call of {_func_name(func)}")
     args = tuple(args) if args is not None else ()
     kwargs = dict(kwargs) if kwargs is not None else {}
     parts = _partitions(args, kwargs, partitioner)

@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from ..patches import no_rpc
 from . import world as _world
 from .errors import BarrierError
 from .world import get_worker_id, get_world_info, rpc_live
@@ -132,6 +133,7 @@ def barrier(worker_names: Iterable[str | int] | None = None,
     world's RPC timeout. Raises ``BarrierError`` naming the workers that never arrived, or the
     rank that died; it never returns unless every worker arrived.
     """
+    no_rpc.check("nbdist.parallel.barrier")
     if not rpc_live():
         size = get_world_info().world_size
         if size > 1:

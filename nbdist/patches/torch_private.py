@@ -52,6 +52,8 @@ FEATURES = {
     "current_agent": "nbdist.parallel does not find the running RPC agent",
     "async_marker": "nbdist.parallel runs @rpc.functions.async_execution functions as plain "
                     "ones",
+    "no_rpc": "in a world without RPC (--no-rpc), torch's RPC calls say 'RPC has not been "
+              "initialized' instead of naming --no-rpc",
 }
 
 
@@ -208,6 +210,9 @@ PRIVATES: tuple[Private, ...] = (
     Private("current_agent", _API, "_get_current_rpc_agent", _arity(0)),
     Private("async_marker", "torch.distributed.rpc.functions", "_wrapped_async_rpc_function",
             lookup=_async_marker),  # the decorated function's marker: the function itself
+    # no_rpc: what _require_initialized's wrapper asks, answered with NoRpcError (patches.no_rpc)
+    Private("no_rpc", _API, "_require_initialized", _arity(1)),
+    Private("no_rpc", _API, "_is_current_rpc_agent_set", _arity(0)),
 )
 
 _lock_once = threading.Lock()
@@ -254,8 +259,12 @@ def report() -> list[str]:
     """One line per feature that degrades on this torch (what is lost, and which names),
     and one if this torch is not among the versions the suite was run on."""
     import torch
+    import torch.distributed.rpc as rpc
 
     version = torch.__version__.split("+")[0]
+    if not rpc.is_available():  # none of the names can be there: one line, not one a feature
+        return [f"nbdist: torch {version} has no torch.distributed.rpc: worlds start without "
+                "RPC (as with --no-rpc), with a process group and everything else nbdist does"]
     lines = []
     for feature, lost in FEATURES.items():
         bad = [f"{p.name} {wrong}" for p, wrong in problems() if p.feature == feature]

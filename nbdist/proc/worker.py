@@ -223,6 +223,9 @@ def _join_world(cfg: dict) -> None:
 
     torch.set_num_threads(cfg["threads"])
     cuda.take(_rank, cfg["name"], cfg.get("device"))  # before any user code runs here
+    if not cfg.get("rpc", True):
+        _join_group_only(cfg)
+        return
     shipping.install()
     thread_states.install()
     rpc_hooks.install_callee(after_call=_flush_streams)
@@ -292,6 +295,9 @@ def _rejoin(update: dict) -> None:
     with _rejoining:
         try:
             _leave_world()
+            from ..patches import no_rpc
+
+            no_rpc.leave()  # the new world may have RPC; a world without it says so again
             _cfg = {**_cfg, **update}
             os.environ["NBDIST_WORLD_SIZE"] = str(_cfg["world_size"])
             _join_world(_cfg)
@@ -306,6 +312,29 @@ def _rejoin(update: dict) -> None:
                 _channel.close(timeout=2.0)
             finally:
                 os._exit(1)
+
+
+def _join_group_only(cfg: dict) -> None:
+    """A world without RPC (``--no-rpc``): the process group is the world; RPC calls here
+    raise ``NoRpcError`` saying so."""
+    import torch.distributed as dist
+    import torch.distributed.rpc as rpc
+
+    from ..patches import no_rpc
+
+    no_rpc.enter(no_rpc.FLAG if rpc.is_available() else no_rpc.BUILD)
+    if cfg.get("store"):  # a world with hosts: rendezvous through the notebook's store
+        from . import store
+
+        arrivals = store.RemoteStore(cfg["store"], cfg["authkey"], cfg["start_timeout"])
+        store.use(arrivals)
+    else:
+        arrivals = dist.FileStore(cfg["arrivals"], cfg["world_size"])
+    arrivals.set(cfg["arrived"].format(rank=_rank), "1")  # rank 0 joins once all are here
+    dist.init_process_group(cfg["process_group"], init_method=cfg["pg_init"], rank=_rank,
+                            world_size=cfg["world_size"],
+                            timeout=timedelta(seconds=cfg["pg_timeout"]),
+                            device_id=nccl.device_id(cfg["process_group"], cfg.get("device")))
 
 
 def _serve(ns: dict) -> None:

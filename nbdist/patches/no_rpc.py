@@ -1,0 +1,80 @@
+"""Worlds without torch RPC: what an RPC call says in one.
+
+A world started with ``--no-rpc`` (or on a torch build without ``torch.distributed.rpc``) has
+a process group and nbdist's control channel, and no RPC agent on any rank. While this
+process is in such a world (``enter`` .. ``leave``), ``check`` raises ``NoRpcError``, and so
+do torch's own RPC calls (``rpc_sync``, ``rpc_async``, ``remote``, ``get_worker_info``, even
+when imported before the world started) instead of "RPC has not been initialized": each asks
+``api._is_current_rpc_agent_set`` from ``_require_initialized``'s wrapper, and that one
+question, from that one caller, is answered here. Any other caller gets torch's answer.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from ..errors import NoRpcError
+from . import torch_private
+
+__all__ = ["BUILD", "FLAG", "active", "check", "enter", "leave"]
+
+FLAG = ("this world was started with --no-rpc (no torch RPC agent); start it without "
+        "--no-rpc to use RPC")
+BUILD = ("this torch build has no torch.distributed.rpc, so this world has no RPC agent; "
+         "install a torch build with it to use RPC")
+
+
+class _State:
+    """Why this process's world has no RPC (None: it has, or there is no world), and
+    torch's own ``_is_current_rpc_agent_set`` while ours stands in for it."""
+
+    reason: str | None = None
+    original: Any = None
+    torch: Any = None  # torch's own, kept: a stale reference to ours still gets its answer
+    wrapper_code: Any = None
+
+
+def active() -> str | None:
+    """Why this process's world has no RPC, or None when it has (or there is no world)."""
+    return _State.reason
+
+
+def check(what: str) -> None:
+    """Raise ``NoRpcError`` saying ``what`` needs RPC, when this world has none."""
+    if _State.reason is not None:
+        raise NoRpcError(f"{what} needs torch RPC: {_State.reason}")
+
+
+def enter(reason: str) -> None:
+    """This process is now in a world without RPC, for ``reason`` (``FLAG`` or ``BUILD``)."""
+    _State.reason = reason
+    if _State.original is None and torch_private.usable("no_rpc"):
+        from torch.distributed.rpc import api
+
+        _State.wrapper_code = api._require_initialized(lambda: None).__code__
+        _State.original = _State.torch = api._is_current_rpc_agent_set
+        api._is_current_rpc_agent_set = _is_current_rpc_agent_set
+
+
+def leave() -> None:
+    """The world without RPC has ended: torch's RPC calls answer as torch's own again."""
+    _State.reason = None
+    original, _State.original = _State.original, None
+    if original is not None:
+        from torch.distributed.rpc import api
+
+        if api._is_current_rpc_agent_set is _is_current_rpc_agent_set:
+            api._is_current_rpc_agent_set = original
+
+
+def _is_current_rpc_agent_set() -> bool:
+    """torch's answer, except to ``_require_initialized`` in a world without RPC: raise."""
+    if _State.torch():
+        return True
+    caller = sys._getframe(1)
+    if _State.reason is not None and caller.f_code is _State.wrapper_code:
+        func = caller.f_locals.get("func")
+        name = getattr(func, "__name__", "this call")
+        raise NoRpcError(f"torch.distributed.rpc.{name} needs torch RPC: {_State.reason}")
+    return False
