@@ -233,3 +233,21 @@ def test_start_timeout_leaves_no_joining_thread_and_the_next_start_works(monkeyp
         assert c.run("1+1", show=False) == {1: "2", 2: "2"}
     finally:
         c.stop()
+
+
+def test_a_call_that_failed_on_a_closed_pipe_before_its_wait_names_the_dead_rank(world):
+    """A fast machine: the RPC to a rank killed a moment ago fails with TensorPipe's "eof"
+    before nbdist waits on it; the error is still the WorkerDiedError naming the rank (seen
+    on an H100 host running notebook 10, where torch's bare RuntimeError came through)."""
+    import torch
+
+    from nbdist.patches import rpc_hooks
+
+    c = world(1)
+    os.kill(c.ranks[1].pid, signal.SIGKILL)
+    fut = torch.futures.Future()
+    fut.set_exception(RuntimeError("eof (this error originated at "
+                                   "tensorpipe/transport/shm/connection_impl.cc:259)"))
+    with pytest.raises(WorkerDiedError) as info:  # waits up to 2 s for the exit report
+        rpc_hooks.wait_future(fut, "worker1")
+    assert info.value.rank == 1 and "killed by SIGKILL" in str(info.value)

@@ -107,8 +107,18 @@ def wait_future(fut: Any, dest: Any = None, poll: float = 0.1) -> Any:
     Wherever Ctrl-C lands after the RPC was sent, the destination is told (``on_interrupt``),
     so its work stops too.
     """
-    if fut.done() or threading.current_thread() is not threading.main_thread():
+    if not fut.done() and threading.current_thread() is threading.main_thread():
+        _wait_interruptibly(fut, dest, poll)
+    try:
         return fut.wait()
+    except RuntimeError as exc:  # also when it had failed before the wait began
+        _explain_transport_error(exc, dest)
+        _explain_missing_module(exc, dest)
+        raise
+
+
+def _wait_interruptibly(fut: Any, dest: Any, poll: float) -> None:
+    """Return once ``fut`` is done; Ctrl-C and a dead ``dest`` raise meanwhile."""
     gate = threading.Lock()
     gate.acquire()
     try:
@@ -126,12 +136,6 @@ def wait_future(fut: Any, dest: Any = None, poll: float = 0.1) -> Any:
                 world.check_dest(dest)
     except KeyboardInterrupt:
         _tell_interrupted(dest, fut)
-        raise
-    try:
-        return fut.wait()
-    except RuntimeError as exc:
-        _explain_transport_error(exc, dest)
-        _explain_missing_module(exc, dest)
         raise
 
 
@@ -232,6 +236,7 @@ def install_caller() -> None:
             fut = api._invoke_rpc(to, func, api.RPCExecMode.SYNC, args, kwargs, timeout)
         except RuntimeError as exc:
             _explain_cuda_tensor(exc)
+            _explain_transport_error(exc, to)
             raise
         try:
             value = wait_future(fut, to)
