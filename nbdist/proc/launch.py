@@ -44,7 +44,7 @@ def describe_exit(code: int | None) -> str:
             name = signal.Signals(-code).name
         except ValueError:
             name = f"signal {-code}"
-        what = {"SIGSEGV": " (segmentation fault)", "SIGKILL": " (killed)",
+        what = {"SIGSEGV": " (segmentation fault)", "SIGKILL": " (the OOM killer, or kill -9)",
                 "SIGABRT": " (aborted)", "SIGBUS": " (bus error)"}.get(name, "")
         return f"killed by {name}{what}"
     return f"exited with code {code}"
