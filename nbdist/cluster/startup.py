@@ -338,17 +338,10 @@ class Rank0:
         start deadline (its rendezvous and Gloo waits are bounded by it) and the session
         makes the next start wait for it (``Session.settle_joiner``).
         """
-        import torch.distributed as dist
         import torch.distributed.rpc as rpc
 
         if self.pg_up:
-            if self.backend == "nccl":  # a peer may be dead or inside a collective
-                nccl.end_group()
-            else:
-                try:
-                    dist.destroy_process_group()
-                except Exception:  # noqa: BLE001
-                    pass
+            nccl.leave_group()
             self.pg_up = False
             sys.excepthook = self._excepthook  # else each world adds one more "[rank0]:"
         if self.rpc_up:

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["device_id", "end_group", "notebook_safe"]
+__all__ = ["device_id", "end_group", "leave_group", "notebook_safe"]
 
 _HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
 
@@ -67,3 +67,19 @@ def end_group(timeout: float = 3.0) -> bool:
 
     threading.Thread(target=run, daemon=True, name="nbdist-nccl-end").start()
     return done.wait(timeout)
+
+
+def leave_group() -> None:
+    """End this process's default group, if any, without waiting for a peer that may be dead
+    or inside a collective: NCCL's is aborted first (``end_group``), any other destroyed."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return
+    if dist.get_backend() == "nccl":
+        end_group()
+        return
+    try:
+        dist.destroy_process_group()
+    except Exception:  # noqa: BLE001 - the group's peers may be gone
+        pass

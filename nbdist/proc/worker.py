@@ -258,20 +258,12 @@ def _leave_world() -> None:
     """Leave this process's RPC world and process group without waiting for any peer, and
     forget the per-process state that would keep it from joining the next one (the same
     reset rank 0 does before each world; ``patches.torch_private`` pins the names)."""
-    import torch.distributed as dist
     import torch.distributed.rpc as rpc
 
     from ..patches import rref_reset
 
     rpc_hooks.interrupt_rpc_threads()  # a function still running would hold up the shutdown
-    if dist.is_initialized():
-        if dist.get_backend() == "nccl":  # a peer may be dead or inside a collective
-            nccl.end_group()
-        else:
-            try:
-                dist.destroy_process_group()
-            except Exception:  # noqa: BLE001 - the group's peers may be gone
-                pass
+    nccl.leave_group()
     try:
         rpc.shutdown(graceful=False)
     except Exception:  # noqa: BLE001 - not initialised, or its peers gone
