@@ -104,6 +104,7 @@ class World:
         spec = self.spec
         watch = StartWatch(self.ranks, t0 + spec.start_timeout, spec.start_timeout, self.cv)
         template = self._warm_template(quiet, keeping=False)
+        self.why_no_rpc = self._choose_rpc()
         try:
             self.world_dir = tempfile.mkdtemp(prefix="w", dir=SESSION.runtime())
             self.router.keep_logs_in(os.path.join(self.world_dir, "logs"))
@@ -138,11 +139,9 @@ class World:
             self._leave_rpc()
             gone = [i for r, i in self.ranks.items() if r and (r not in kept)]
             self._stop_workers(5.0, gone)
+            self._close_channels(gone)
             with self.cv:
                 for info in gone:
-                    chan, info.channel = info.channel, None
-                    if chan is not None:
-                        chan.close(timeout=0.5)
                     del self.ranks[info.rank]
                 self.spec, self.names, self.epoch, self.gpu = spec, names, epoch, gpu
                 self._by_name = {nm: r for r, nm in enumerate(names)}
@@ -157,6 +156,7 @@ class World:
             self.receiver.poke()
             watch = StartWatch(self.ranks, t0 + spec.start_timeout, spec.start_timeout, self.cv)
             template = self._warm_template(quiet=True, keeping=True)
+            self.why_no_rpc = self._choose_rpc()
             if self.store is not None:
                 self.store.close()
                 self.store = None
@@ -181,7 +181,6 @@ class World:
                     print(f"nbdist: {', '.join(changed)} changed since the worker template "
                           "imported torch; starting a fresh template (one `import torch`)")
             template.ensure_started()  # imports torch in parallel with us
-        self.why_no_rpc = self._choose_rpc()
         return template
 
     def _join_all(self, template: Launcher, watch: StartWatch, kept: set[int]) -> None:
@@ -365,10 +364,7 @@ class World:
             self.router.muted = True
             self._leave_rpc()
             self._stop_workers(timeout, [i for r, i in self.ranks.items() if r])
-            for info in self.ranks.values():
-                chan, info.channel = info.channel, None
-                if chan is not None:
-                    chan.close(timeout=0.5)
+            self._close_channels(list(self.ranks.values()))
             self.receiver.stop()
             self.router.close()
             if self.listener is not None:
@@ -380,6 +376,14 @@ class World:
         finally:
             self.state = ClusterState.STOPPED
             self._on_down()
+
+    @staticmethod
+    def _close_channels(infos: list[RankInfo]) -> None:
+        """Close these ranks' control channels (their workers were asked to stop)."""
+        for info in infos:
+            chan, info.channel = info.channel, None
+            if chan is not None:
+                chan.close(timeout=0.5)
 
     def _leave_rpc(self) -> None:
         """Rank 0 leaves the RPC world (first, so its agent does not complain of the others)."""
