@@ -196,7 +196,7 @@ def test_keep_restart_magic_and_heal_flag(ipython, capsys):
     assert c.spec.heal and c.healer is not None
     assert c.run("globals().get('marker')", show=False) == {1: "41", 2: "41", 3: None}
     ipython.run_line_magic("dist_restart", "--keep --no-heal")
-    assert not nbdist.current().spec.heal
+    assert not nbdist.current().spec.heal and nbdist.current().healer is None
 
 
 @pytest.mark.slow

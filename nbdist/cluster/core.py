@@ -172,9 +172,16 @@ class Cluster:
         self._world.check()  # bad --iface or --launcher: ValueError before anything starts
         Cluster.last_spec = self.spec
         self._world.start(quiet)
-        if self.spec.heal:
+        self._follow_heal_flag()
+
+    def _follow_heal_flag(self) -> None:
+        """A healer while ``spec.heal`` is set (``--heal``), none otherwise (``--no-heal``)."""
+        if self.spec.heal and self.healer is None:
             self.healer = Healer(self._heal, lambda text: Router.write("stderr", text + "\n"),
                                  lambda r: self.ranks[r].label())
+        elif not self.spec.heal and self.healer is not None:
+            self.healer.stop()  # from its own thread too: it returns after this heal
+            self.healer = None
 
     def _became_current(self) -> None:
         Cluster.latest = self
@@ -380,9 +387,7 @@ class Cluster:
                 self._settled.set()
             self.spec, self.names, self.epoch = spec, spec.names(), epoch
             Cluster.last_spec = spec
-            if self.healer is None and spec.heal:
-                self.healer = Healer(self._heal, lambda t: Router.write("stderr", t + "\n"),
-                                     lambda r: self.ranks[r].label())
+            self._follow_heal_flag()
             line = _kept_line(spec.world_size, self._world.startup_seconds, kept, before,
                               healing)
             events.event("heal" if healing else "restart", line)
