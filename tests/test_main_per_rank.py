@@ -284,3 +284,104 @@ def test_upstream_parameter_server_program_trains_one_server(ipython):
     assert ev(ipython, "Server.built") == 1  # one server, here, shared by both trainers
     assert ev(ipython, "all(not torch.equal(a, b) for a, b in "
                        "zip(before, server.parameters()))") is True
+
+
+# The upstream distributed RNN (pytorch/examples, distributed/rpc/rnn) as its processes run
+# it, in our words and on the CPU: the module's code on every rank (a ``%%dist --local``
+# cell), the notebook as the parameter server ``ps``, the trainer's loop in a ``%%dist`` cell.
+# The trainer's ``rpc.remote("ps", EmbeddingTable, ...)`` sends the trainer's class; on ps it
+# must be ps's own ``EmbeddingTable`` (as one imported module is in a script), or
+# ``super(EmbeddingTable, self)`` fails there.
+RNN_MODULE = '''
+import torch, torch.nn as nn
+import torch.distributed.autograd as dist_autograd
+import torch.distributed.rpc as rpc
+from torch.distributed.optim import DistributedOptimizer
+
+def _call_method(method, rref, *args, **kwargs):
+    return method(rref.local_value(), *args, **kwargs)
+
+def _remote_method(method, rref, *args, **kwargs):
+    return rpc.rpc_sync(rref.owner(), _call_method, args=[method, rref] + list(args),
+                        kwargs=kwargs)
+
+def _parameter_rrefs(module):
+    return [rpc.RRef(p) for p in module.parameters()]
+
+class EmbeddingTable(nn.Module):
+    built = 0
+    def __init__(self, ntoken, ninp):
+        super(EmbeddingTable, self).__init__()
+        self.encoder = nn.Embedding(ntoken, ninp)
+        nn.init.uniform_(self.encoder.weight, -0.1, 0.1)
+        EmbeddingTable.built += 1
+    def forward(self, input):
+        return self.encoder(input)
+
+class Decoder(nn.Module):
+    def __init__(self, ntoken, nhid):
+        super().__init__()
+        self.decoder = nn.Linear(nhid, ntoken)
+    def forward(self, output):
+        return self.decoder(output)
+
+class RNNModel(nn.Module):
+    def __init__(self, ps, ntoken, ninp, nhid, nlayers):
+        super(RNNModel, self).__init__()
+        self.emb_table_rref = rpc.remote(ps, EmbeddingTable, args=(ntoken, ninp))
+        self.rnn = nn.LSTM(ninp, nhid, nlayers)
+        self.decoder_rref = rpc.remote(ps, Decoder, args=(ntoken, nhid))
+    def forward(self, input, hidden):
+        emb = _remote_method(EmbeddingTable.forward, self.emb_table_rref, input)
+        output, hidden = self.rnn(emb, hidden)
+        return _remote_method(Decoder.forward, self.decoder_rref, output), hidden
+    def parameter_rrefs(self):
+        return (_remote_method(_parameter_rrefs, self.emb_table_rref)
+                + _parameter_rrefs(self.rnn)
+                + _remote_method(_parameter_rrefs, self.decoder_rref))
+
+def same(obj, name):
+    return obj is globals()[name]
+'''
+
+RNN_TRAINER = '''
+torch.manual_seed(0)
+model = RNNModel("ps", 7, 2, 3, 2)
+opt = DistributedOptimizer(torch.optim.SGD, model.parameter_rrefs(), lr=0.05)
+hidden = (torch.zeros(2, 6, 3), torch.zeros(2, 6, 3))
+data, target = torch.randint(0, 7, (5, 6)), torch.randint(0, 7, (5, 6))
+losses = []
+for _ in range(8):
+    with dist_autograd.context() as cid:
+        output, _ = model(data, hidden)
+        loss = nn.functional.cross_entropy(output.reshape(-1, 7), target.reshape(-1))
+        dist_autograd.backward(cid, [loss])
+        opt.step(cid)
+    losses.append(loss.item())
+trained = losses[-1] < losses[0]
+'''
+
+
+def test_upstream_distributed_rnn_as_its_processes_run_it(ipython):
+    ipython.run_line_magic("dist_start", "1 --name ps --worker-name trainer")
+    ipython.run_cell_magic("dist", "--local", RNN_MODULE)
+    ipython.run_cell_magic("dist", "", RNN_TRAINER)
+    assert ev(ipython, "rpc.rpc_sync('trainer', lambda: trained)") is True
+    assert ev(ipython, "EmbeddingTable.built") == 1  # ps's own class built the table
+    # both ways, what one rank sends resolves to the other's own definitions
+    for name in ("EmbeddingTable", "RNNModel", "_call_method", "same"):
+        assert ev(ipython, f"rpc.rpc_sync('trainer', same, args=({name}, {name!r}))") is True
+        assert ev(ipython, f"rpc.rpc_sync('trainer', lambda: {name}) is {name}") is True
+    assert ev(ipython, "rpc.rpc_sync('trainer', lambda: RNNModel.forward) "
+                       "is RNNModel.forward") is True
+
+
+def test_a_cell_compiles_alike_on_every_rank(ipython):
+    """A worker compiles a cell under the cell's own ``__future__`` flags, as IPython does in
+    the notebook, never under those of nbdist's own module (annotations stay objects)."""
+    ipython.run_line_magic("dist_start", "1 --name nb --worker-name w{rank}")
+    ipython.run_cell_magic("dist", "--local", "import torch.distributed.rpc as rpc\n"
+                                              "def typed(x: int) -> int:\n    return x\n"
+                                              "ann = typed.__annotations__['x']")
+    assert ev(ipython, "ann") is int
+    assert ev(ipython, "rpc.rpc_sync('w1', lambda: ann is int)") is True

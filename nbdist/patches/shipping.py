@@ -47,7 +47,7 @@ from typing import Any
 
 import cloudpickle
 
-from . import culprit, fresh, mirror, torch_private
+from . import culprit, fresh, mirror, torch_private, twins
 from .code_filename import reduce_code
 
 __all__ = ["CODE_WAIT", "dumps", "forget_peers", "install", "installed", "register_patched"]
@@ -134,6 +134,7 @@ _KEEP_KNOWN = 65536  # code objects remembered by a callee
 
 _fns: dict[int, tuple] = {}  # id(func) -> (func, static parts, digest, global names)
 _by_digest: dict[str, types.FunctionType] = {}  # digest -> the original, or the copy built here
+_twins: dict[str, types.FunctionType] = {}  # digest -> this rank's own twin of it (``twins``)
 _sent: set[tuple[str, str]] = set()  # (destination name, digest) it holds
 _known: dict[str, tuple] = {}  # digest -> static parts of a function, callee side
 _known_cv = threading.Condition()
@@ -153,6 +154,7 @@ def _after_fork() -> None:
     _nonce[:] = [os.urandom(6).hex(), itertools.count(1)]
     _fns.clear()
     _by_digest.clear()
+    _twins.clear()
     _sent.clear()
     _known.clear()
 
@@ -192,6 +194,7 @@ def _make_room() -> None:
     if len(_fns) >= _KEEP_CODES:
         _fns.clear()
         _by_digest.clear()
+        _twins.clear()
         _sent.clear()  # a digest we forget may be given again: send its code again too
 
 
@@ -249,6 +252,10 @@ def _build(digest: str, static: tuple, base_globals: dict | None) -> types.Funct
     code, name, qualname, module, doc, annotations = static
     if base_globals is None:
         g = mirror.main_namespace()
+        own = _own_twin(g, qualname, code)
+        if own is not None:
+            _twins[digest] = own
+            return own
     else:
         g = base_globals
         g["__builtins__"] = builtins
@@ -271,11 +278,29 @@ def _build(digest: str, static: tuple, base_globals: dict | None) -> types.Funct
     return func
 
 
+def _own_twin(ns: dict, qualname: str, code: types.CodeType) -> types.FunctionType | None:
+    """This rank's own definition standing for a ``__main__`` function from elsewhere
+    (``twins``): never a copy built here."""
+    own = twins.twin_function(ns, qualname, code)
+    return None if own is None or own in _copies else own
+
+
+def _twin_hit(digest: str, base_globals: dict | None) -> types.FunctionType | None:
+    """The twin found for ``digest`` before, while ``__main__`` still binds it."""
+    own = _twins.get(digest)
+    if own is None or base_globals is not None:
+        return None
+    if twins.lookup(mirror.main_namespace(), own.__qualname__) is own:
+        return own
+    _twins.pop(digest, None)  # rebound since: find its twin (or build a copy) again
+    return None
+
+
 def _make_new(digest: str, static: tuple, filename: str, lines: list[str] | None,
               base_globals: dict | None) -> types.FunctionType:
     """Unpickling hook: a function whose code comes with it (the first time to this rank);
     the original itself if it was defined here."""
-    hit = _by_digest.get(digest)
+    hit = _by_digest.get(digest) or _twin_hit(digest, base_globals)
     if hit is not None:
         return hit
     if lines is not None and filename not in linecache.cache:
@@ -291,7 +316,7 @@ def _make_new(digest: str, static: tuple, filename: str, lines: list[str] | None
 
 def _make_known(digest: str, base_globals: dict | None) -> types.FunctionType:
     """Unpickling hook: a function whose code this rank was sent before, named by digest."""
-    hit = _by_digest.get(digest)
+    hit = _by_digest.get(digest) or _twin_hit(digest, base_globals)
     if hit is not None:
         return hit
     static = _known.get(digest)
@@ -308,8 +333,26 @@ def _make_known(digest: str, base_globals: dict | None) -> types.FunctionType:
 
 
 _cp_class_setstate = cloudpickle.cloudpickle._class_setstate
+_cp_skeleton_class = cloudpickle.cloudpickle._make_skeleton_class
+_cp_class_tracker = cloudpickle.cloudpickle._DYNAMIC_CLASS_TRACKER_BY_ID
 _classes_whole: weakref.WeakSet = weakref.WeakSet()  # classes whose attributes are all set here
 _copies: weakref.WeakSet = weakref.WeakSet()  # functions built here from another rank's code
+_class_copies: weakref.WeakSet = weakref.WeakSet()  # classes built here from another's
+
+
+def _make_class(key: str, qualname: str, *skeleton: Any) -> type:
+    """Unpickling hook for a ``__main__`` class: one this process has seen (its own, coming
+    back, or a copy made before) as cloudpickle finds it; else this rank's own twin
+    (``twins``), whose attributes stay its own; else a new copy."""
+    if skeleton[4] not in _cp_class_tracker:
+        own = twins.twin_class(mirror.main_namespace(), qualname, key, skeleton[2])
+        if own is not None and own not in _class_copies:
+            _classes_whole.add(own)
+            return own
+        cls = _cp_skeleton_class(*skeleton)
+        _class_copies.add(cls)
+        return cls
+    return _cp_skeleton_class(*skeleton)
 
 
 def _class_setstate_once(cls: type, state: Any) -> type:
@@ -368,6 +411,9 @@ class ShippingPickler(cloudpickle.Pickler):
             if len(rv) < 6 or rv[5] is not _cp_class_setstate:
                 return rv  # a builtin type, by cloudpickle's own reducer
             _classes_whole.add(obj)  # defined here (or whole): a copy arriving is not applied
+            if rv[0] is _cp_skeleton_class and obj.__module__ == "__main__":
+                # the receiver may have its own twin of it
+                rv = (_make_class, (twins.class_key(obj), obj.__qualname__, *rv[1])) + rv[2:]
             return rv[:5] + (_class_setstate_once,)
         if fresh.is_fresh_kind(t) and id(obj) not in self.direct:
             return fresh.fresh_reduce(obj)

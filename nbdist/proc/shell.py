@@ -15,6 +15,7 @@ sent as ``ClearOutput``.
 """
 
 from __future__ import annotations
+import __future__
 
 import ast
 import base64
@@ -242,9 +243,11 @@ def _run_plain(shell: Any, tree: ast.Module, code: str, filename: str) -> BaseEx
         if tree.body and isinstance(tree.body[-1], ast.Expr):
             last = ast.Expression(tree.body.pop().value)
         ns = shell.user_ns
-        exec(compile(tree, filename, "exec"), ns)
+        # the cell's own __future__ flags as IPython keeps them, never this module's
+        flags = shell.compile.flags & _FUTURE_FLAGS
+        exec(compile(tree, filename, "exec", flags, dont_inherit=True), ns)
         if last is not None:
-            shell.displayhook(eval(compile(last, filename, "eval"), ns))
+            shell.displayhook(eval(compile(last, filename, "eval", flags, dont_inherit=True), ns))
     except BaseException as exc:  # noqa: BLE001 - reported as the cell's error
         err = exc
     finally:
@@ -255,6 +258,8 @@ def _run_plain(shell: Any, tree: ast.Module, code: str, filename: str) -> BaseEx
     return err
 
 
+_FUTURE_FLAGS = sum(getattr(__future__, name).compiler_flag
+                   for name in __future__.all_feature_names)
 _PLAIN_TYPES = frozenset({int, float, bool, str, bytes, complex, list, tuple, dict, set,
                           frozenset, range, type(None)})
 
