@@ -141,6 +141,33 @@ def test_short_cells_have_no_status_line(kernel):
     assert not [c for _, kind, c in msgs if kind in ("display_data", "update_display_data")]
 
 
+def _stream(msgs: list[tuple], name: str) -> str:
+    return "".join(c["text"] for _, kind, c in msgs if kind == "stream" and c["name"] == name)
+
+
+def test_worker_output_goes_to_the_cell_not_into_a_redirect_of_the_notebook(kernel):
+    """Issue 27 (5a): while the notebook's ``sys.stdout``/``sys.stderr`` are redirected (the
+    user's ``redirect_stdout``, pytest's capture in a kernel), what the workers print still
+    shows in the cell; the user's buffer gets only the notebook's own prints."""
+    msgs, _ = _messages(kernel, (
+        "import contextlib, io, sys\n"
+        "def say(i):\n"
+        "    print(f'out {i}')\n"
+        "    print(f'err {i}', file=sys.stderr)\n"
+        "    return i\n"
+        "buf = io.StringIO()\n"
+        "with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):\n"
+        "    rpc.rpc_sync('worker1', say, args=(1,))\n"
+        "    get_ipython().run_cell_magic('dist', '--ranks 2', 'import sys\\n'\n"
+        "        'print(\"out 2\")\\nprint(\"err 2\", file=sys.stderr)')\n"
+        "    print('mine')\n"
+        "print('captured:', repr(buf.getvalue()))\n"))
+    out, err = _stream(msgs, "stdout"), _stream(msgs, "stderr")
+    assert "[worker1] out 1" in out and "[worker2] out 2" in out, (out, err)
+    assert "[worker1] err 1" in err and "[worker2] err 2" in err, (out, err)
+    assert "captured: 'mine\\n'" in out, out
+
+
 # ---- in-process: logs and flood limits -------------------------------------------------------
 def test_output_outside_any_cell_lands_in_the_log(world):
     c = world(2)

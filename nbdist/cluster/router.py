@@ -2,8 +2,10 @@
 
 ``Router.feed`` gets each rank's text as it arrives and:
 
-- writes complete lines as ``[name] line`` to the notebook's current stdout/stderr (in a
-  Jupyter kernel: the running cell); a line rewritten with ``\\r`` shows as it ends up;
+- writes complete lines as ``[name] line`` to the running cell (``cell_stream``: in a
+  Jupyter kernel the kernel's own stream, even while the user's code redirects
+  ``sys.stdout``; elsewhere the current stdout/stderr); a line rewritten with ``\\r``
+  shows as it ends up;
 - shows an unfinished line that is being rewritten with ``\\r`` (tqdm, hand-made progress)
   as one *live line* per rank, updated in place (a display handle in Jupyter, a ``\\r`` line
   in a terminal) at most every ``LIVE_EVERY`` seconds; it ends as one line with the final
@@ -23,7 +25,7 @@ import threading
 import time
 from typing import Any
 
-__all__ = ["LiveLine", "Router", "StatusLine", "in_jupyter"]
+__all__ = ["LiveLine", "Router", "StatusLine", "cell_stream", "in_jupyter"]
 
 TAIL_LINES = 10_000
 PARTIAL_LIMIT = 1 << 16  # characters of one unfinished line held per rank and stream
@@ -44,6 +46,28 @@ def in_jupyter() -> bool:
         return False
     ip = get_ipython()
     return ip is not None and type(ip).__name__ == "ZMQInteractiveShell"
+
+
+def cell_stream(stream: str) -> Any:
+    """Where nbdist writes ``stream`` ("stdout" or "stderr") for the running cell.
+
+    In a Jupyter kernel: the kernel's own stream (ipykernel's ``OutStream``, which sends to
+    the cell the kernel runs), never one put in its place for a while by the user's code
+    (``contextlib.redirect_stdout``, pytest's capture run in a kernel): workers' lines must
+    not end up in the user's buffer. Elsewhere (a terminal, a script, a test): the current
+    ``sys.stdout`` or ``sys.stderr``.
+    """
+    current = sys.stderr if stream == "stderr" else sys.stdout
+    if not in_jupyter():
+        return current
+    from ipykernel.iostream import OutStream
+    from IPython import get_ipython
+
+    if isinstance(current, OutStream):
+        return current
+    kernel = getattr(get_ipython(), "kernel", None)
+    own = getattr(kernel, f"_{stream}", None)  # the OutStream the kernel was made with
+    return own if isinstance(own, OutStream) else current
 
 
 class LiveLine:
@@ -293,8 +317,8 @@ class Router:
 
     @staticmethod
     def write(stream: str, text: str) -> None:
-        """Write to the notebook's current stdout or stderr (the running cell in Jupyter)."""
-        target = sys.stderr if stream == "stderr" else sys.stdout
+        """Write to the running cell (``cell_stream``)."""
+        target = cell_stream(stream)
         try:
             target.write(text)
             target.flush()
