@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import subprocess
 import sys
 
 import pytest
+from conftest import wait_until
 
 from nbdist.patches.quiet import MAX_PARTIAL, filter_chunk, filter_lines
 
@@ -97,3 +100,33 @@ def test_stop_right_after_dist_autograd_prints_nothing_of_torch(how, tmp_path):
                           timeout=120, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stderr.strip().splitlines() == ["stopped"], proc.stderr[-3000:]
+
+
+NOISE = (b"[W1125 14:31:56.684 tensorpipe_agent.cpp:723] RPC agent for worker1 encountered "
+         b"error when reading incoming request from worker0: eof (this error originated at "
+         b"tensorpipe/transport/shm/connection_impl.cc:259)\n")
+
+
+def test_a_workers_fd2_is_filtered_too(world):
+    """What a worker writes to fd 2 reaches the notebook less torch's noise (issue 27, 5b)."""
+    c = world(1)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        c.run(f"import os\nos.write(2, {NOISE!r} + b'a real line\\n')", ranks=1, show=False)
+        wait_until(lambda: "a real line" in out.getvalue(), 10, "the worker's fd 2 line")
+    assert "encountered error" not in out.getvalue(), out.getvalue()
+
+
+@pytest.mark.slow  # two worlds' worth of start-up: ~5 s
+def test_keep_restart_prints_no_tensorpipe_eof_per_kept_worker(world):
+    """Kept workers' old RPC agents see rank 0's old pipes close: torch logs one ``eof`` line
+    each to fd 2 (issue 27, 5b); none reaches the notebook."""
+    c = world(2)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        c = c.restart(keep=True)
+        c.run("import os\nos.write(2, b'after the rebuild\\n')", show=False)
+        wait_until(lambda: out.getvalue().count("after the rebuild") == 2, 10,
+                   "both workers' fd 2 lines after the rebuild")
+    assert "kept state: 1, 2" in out.getvalue(), out.getvalue()
+    assert "encountered error" not in out.getvalue(), out.getvalue()

@@ -2,7 +2,8 @@
 
 ``ChannelStream`` replaces ``sys.stdout``/``sys.stderr`` and batches writes from
 any thread (flushed every 30 ms, at once when large, and before a cell's result is sent);
-``capture_fds`` catches what bypasses Python (C++ logs, subprocesses) at the file descriptor.
+``capture_fds`` catches what bypasses Python (C++ logs, subprocesses) at the file descriptor,
+less the torch noise ``patches.quiet`` drops from the notebook's own fd 2.
 
 The notebook side (lines led by the rank's name, live lines, logs) is ``cluster.router``.
 """
@@ -17,6 +18,7 @@ import time
 import weakref
 from typing import Any
 
+from ..patches.quiet import filter_chunk
 from .protocol import Output
 
 __all__ = ["ChannelStream", "capture_fds"]
@@ -95,6 +97,8 @@ def capture_fds(channel: Any, rank: int) -> None:
 
 def _pump(fd: int, channel: Any, rank: int, name: str) -> None:
     decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    quiet = name == "stderr"  # torch's C++ chatter nbdist causes (a keep-restart's eof lines)
+    held, in_block = b"", False
     while True:
         try:
             data = os.read(fd, 65536)
@@ -102,6 +106,8 @@ def _pump(fd: int, channel: Any, rank: int, name: str) -> None:
             return
         if not data:
             return
+        if quiet:
+            data, held, in_block = filter_chunk(held + data, in_block)
         text = decoder.decode(data)
         if text:
             try:
