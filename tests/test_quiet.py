@@ -130,3 +130,46 @@ def test_keep_restart_prints_no_tensorpipe_eof_per_kept_worker(world):
                    "both workers' fd 2 lines after the rebuild")
     assert "kept state: 1, 2" in out.getvalue(), out.getvalue()
     assert "encountered error" not in out.getvalue(), out.getvalue()
+
+
+JOIN = '''
+import torch, torch.distributed as dist
+from torch.distributed.algorithms.join import Join, Joinable, JoinHook
+
+class Inputs(Joinable):  # the least a Joinable is: a hook, a device, a group
+    def __init__(self):
+        super().__init__()
+    def join_hook(self, **kwargs):
+        return JoinHook()
+    @property
+    def join_device(self):
+        return torch.device("cpu")
+    @property
+    def join_process_group(self):
+        return dist.group.WORLD
+
+with Join([Inputs()]):  # its __exit__ calls warnings.simplefilter("once") for the whole process
+    pass
+'''
+
+AFTER_JOIN = '''
+import warnings, torch
+def twice(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+torch.jit.script(twice)  # warns "`torch.jit.script` is deprecated"
+warnings.warn("a warning of my own")
+'''
+
+
+@pytest.mark.slow  # a world with a process group, and TorchScript: ~10 s
+def test_torch_join_does_not_bring_back_the_hidden_warnings(ipython):
+    """torch's ``Join.__exit__`` resets the warning filters of the process (issue 27, 5c):
+    the TorchScript deprecation stays hidden on the workers; the user's own warning shows."""
+    ipython.run_line_magic("dist_start", "1 --process-group gloo")
+    ipython.run_cell_magic("dist", "--local", JOIN)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        ipython.run_cell_magic("dist", "", AFTER_JOIN)
+    assert "[worker1]" in out.getvalue() and "a warning of my own" in out.getvalue(), \
+        out.getvalue()
+    assert "deprecated" not in out.getvalue(), out.getvalue()

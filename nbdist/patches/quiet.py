@@ -121,9 +121,26 @@ WARNINGS = (
 )
 
 
+_HIDDEN = re.compile("|".join(f"(?:{p})" for p in WARNINGS), re.I)  # as filterwarnings does
+
+
+def _gate(show: Any) -> Any:
+    """``warnings.showwarning`` that drops the messages of ``WARNINGS`` and passes the rest."""
+    def showwarning(message: Any, category: Any, filename: str, lineno: int, file: Any = None,
+                    line: str | None = None) -> None:
+        if not _HIDDEN.match(str(message)):
+            show(message, category, filename, lineno, file, line)
+
+    showwarning.nbdist_gate = True  # type: ignore[attr-defined]
+    return showwarning
+
+
 def hide_warnings() -> None:
     """Ignore torch's known per-rank deprecation warnings (user warnings still show).
 
+    The filters alone do not last: torch's ``Join.__exit__`` calls
+    ``warnings.simplefilter("once")`` for the whole process, which puts every warning ahead of
+    them, so ``warnings.showwarning`` also drops those messages, whatever the filters say.
     The functional optimizers behind ``DistributedOptimizer`` warn inside their own
     ``catch_warnings(); simplefilter("always")``, which no filter can reach, so that one
     warning function is replaced by a no-op: at once if torch.distributed.optim is loaded,
@@ -131,6 +148,8 @@ def hide_warnings() -> None:
     """
     for pattern in WARNINGS:
         warnings.filterwarnings("ignore", message=pattern)
+    if not getattr(warnings.showwarning, "nbdist_gate", False):
+        warnings.showwarning = _gate(warnings.showwarning)
     if _DEPRECATION_MODULE in sys.modules:
         _silence_optimizer_warning()
     elif not any(isinstance(f, _PatchOnImport) for f in sys.meta_path):
