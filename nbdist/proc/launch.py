@@ -7,6 +7,8 @@ outlives single worlds so a restart does not pay for ``import torch`` again.
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import os
 import signal
 import socket
@@ -26,13 +28,37 @@ __all__ = ["IMPORT_TIME_ENV", "ForkClient", "Launcher", "Template", "describe_ex
 
 #: Prefixes of environment variables that torch, OpenMP or a BLAS read when torch is imported
 #: (``TORCH_LOGS``, ``OMP_NUM_THREADS``, ...): workers forked from a template share its import,
-#: so a template started before one of them changed must be started again.
-IMPORT_TIME_ENV = ("TORCH_", "PYTORCH_", "OMP_", "KMP_", "MKL_", "OPENBLAS_", "GLOG_")
+#: so a template started before one of them changed must be started again. ``KMP_`` counts
+#: only where torch's OpenMP runtime reads it (``import_time_env``).
+IMPORT_TIME_ENV = ("TORCH_", "PYTORCH_", "OMP_", "GOMP_", "MKL_", "OPENBLAS_", "GLOG_")
+#: Read by LLVM's and Intel's OpenMP runtimes (not GNU's, which pip's Linux torch ships)...
+_KMP = "KMP_"
+#: ...but never worth a fresh template: ``import sklearn`` sets both. One is read when a second
+#: OpenMP runtime loads (in a worker, after the fork, from its own environment); the other
+#: would stop the runtime re-initialising in forked children, which workers need.
+_KMP_NOT_AT_IMPORT = frozenset({"KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK"})
+
+
+@functools.lru_cache(maxsize=1)
+def _torch_reads_kmp() -> bool:
+    """Whether torch's OpenMP runtime reads ``KMP_*``: unless torch ships GNU's libgomp (found
+    beside torch's libraries, without importing torch), assume it does."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.origin:
+        return True
+    try:
+        libs = os.listdir(os.path.join(os.path.dirname(spec.origin), "lib"))
+    except OSError:
+        return True
+    return not any(name.startswith("libgomp") for name in libs)
 
 
 def import_time_env(env: Mapping[str, str]) -> dict[str, str]:
-    """The variables of ``env`` that count at ``import torch`` (``IMPORT_TIME_ENV``)."""
-    return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME_ENV)}
+    """The variables of ``env`` that count at ``import torch`` (``IMPORT_TIME_ENV``, and
+    ``KMP_*`` where torch's OpenMP reads them at import)."""
+    kmp = _torch_reads_kmp()
+    return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME_ENV) or (
+        kmp and k.startswith(_KMP) and k not in _KMP_NOT_AT_IMPORT)}
 
 
 def describe_exit(code: int | None) -> str:
