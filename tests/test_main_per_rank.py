@@ -385,3 +385,34 @@ def test_a_cell_compiles_alike_on_every_rank(ipython):
                                               "ann = typed.__annotations__['x']")
     assert ev(ipython, "ann") is int
     assert ev(ipython, "rpc.rpc_sync('w1', lambda: ann is int)") is True
+
+
+def test_a_twins_digest_follows_its_source_not_its_bytecode():
+    """A cell compiled whole (a worker) and statement by statement (IPython) can differ in
+    bytecode (``nn.Embedding(...)`` after an import in the same unit); the digest that finds a
+    rank's own twin is the same for both, and differs once the source does."""
+    import ast
+    import linecache
+
+    from nbdist.patches import twins
+
+    src = ("import torch.nn as nn\n"
+           "class Table(nn.Module):\n"
+           "    def __init__(self):\n"
+           "        super(Table, self).__init__()\n"
+           "        self.encoder = nn.Embedding(3, 2)\n")
+    other = src.replace("(3, 2)", "(4, 2)")
+    keys = {}
+    try:
+        for name, text, whole in (("<twin-whole>", src, True), ("<twin-parts>", src, False),
+                                  ("<twin-other>", other, True)):
+            linecache.cache[name] = (len(text), None, text.splitlines(True), name)
+            ns: dict = {}
+            tree = ast.parse(text)
+            for body in ([tree.body] if whole else [[node] for node in tree.body]):
+                exec(compile(ast.Module(body, []), name, "exec"), ns)
+            keys[name] = twins.class_key(ns["Table"])
+    finally:
+        for name in ("<twin-whole>", "<twin-parts>", "<twin-other>"):
+            linecache.cache.pop(name, None)
+    assert keys["<twin-whole>"] == keys["<twin-parts>"] != keys["<twin-other>"]
