@@ -338,6 +338,7 @@ class World:
         rank = self.rank_of(dest)
         if rank:
             self.receiver.caught_up(rank, timeout=0.5)
+            self.router.release([rank])  # lines held for merging, too
 
     def locate(self, dest: Any) -> str | None:
         """``rank 3 (worker3) on node2`` for a rank on another host, else None."""
