@@ -27,7 +27,7 @@ from .ranks import ClusterState, RankInfo
 from .receiver import Receiver
 from .router import Router
 from .session import SESSION
-from .status import HostTable, StatusTable, collect_status, host_status
+from .status import HostTable, StatusTable, collect_status, host_status, remote_samples
 from .world import World
 
 __all__ = ["Cluster", "current", "last_spec", "release_hosts", "restart", "start", "stop"]
@@ -301,8 +301,10 @@ class Cluster:
 
     # ------------------------------------------------------------------ status
     def status(self) -> StatusTable:
-        """A table of every rank: pid, alive or how it died, CPU %, memory, uptime."""
-        return collect_status(self, template_pid=SESSION.template_pid())
+        """A table of every rank: pid, alive or how it died, CPU %, memory, uptime (ranks on
+        other hosts: as their host's agent sampled them, at most a second ago)."""
+        return collect_status(self, template_pid=SESSION.template_pid(),
+                              remote=remote_samples(self._world.agents))
 
     def hosts_status(self) -> HostTable:
         """One row per host of this world: its agent's pid, ranks, load and free memory."""
