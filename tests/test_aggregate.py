@@ -332,3 +332,15 @@ def test_the_worlds_setting_auto_from_eight_workers_env_and_explicit(monkeypatch
     assert not WorldSpec(12).aggregates()
     with pytest.raises(ValueError, match="--aggregate on|off|auto"):
         WorldSpec(2, aggregate="yes").validate()
+
+
+def test_router_shows_a_flood_as_printed_after_what_the_rank_had_held(written):
+    router = Router(workers=lambda: range(1, 4))
+    router.aggregate = True
+    router.feed(1, "worker1", "stdout", "before\n")
+    assert written == []
+    router.feed(1, "worker1", "stdout", "".join(f"line {i}\n" for i in range(1500)))
+    lines = _text(written).splitlines()
+    assert lines == ["[worker1] before", *[f"[worker1] line {i}" for i in range(1500)]]
+    router.feed(2, "worker2", "stdout", "calm\n")  # another rank is merged as usual
+    assert len(_text(written).splitlines()) == 1501

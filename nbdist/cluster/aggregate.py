@@ -236,8 +236,9 @@ class Aggregator:
     def _show_upto(self, limit: float, out: list[Held]) -> None:
         """Show every held line placed at or before ``limit``, oldest first among those
         free to go (each rank's order is kept)."""
-        todo = [(h.seq, h) for h in (self._held[seq] for pos, seq in self._keys
-                                     if pos <= limit) if self._free(h)]
+        end = bisect.bisect_right(self._keys, (limit, math.inf))
+        todo = [(h.seq, h) for h in (self._held[seq] for _, seq in self._keys[:end])
+                if self._free(h)]
         heapq.heapify(todo)
         while todo:
             _, h = heapq.heappop(todo)

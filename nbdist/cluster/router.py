@@ -13,7 +13,8 @@
 - stops echoing a rank that printed more than ``limit_lines`` lines or ``limit_bytes``
   characters in one cell, saying once where the rest is (``%dist_logs``);
 - with ``aggregate`` on, shows a line that several ranks print at once only once, led by
-  the set of ranks (``cluster.aggregate`` holds the rule; the logs keep every rank's line).
+  the set of ranks (``cluster.aggregate`` holds the rule; the logs keep every rank's line),
+  except from a rank printing more than ``FLOOD_RATE`` lines a second (shown as printed).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ CELL_LINES = int(os.environ.get("NBDIST_CELL_OUTPUT_LINES", "20000"))
 CELL_BYTES = int(float(os.environ.get("NBDIST_CELL_OUTPUT_MB", "5")) * 2**20)
 # how long a line waits for the same line from other ranks (aggregate on)
 AGGREGATE_WINDOW = float(os.environ.get("NBDIST_AGGREGATE_MS", "100")) / 1000
+FLOOD_RATE = 1000  # lines a second from one rank beyond which its lines are not merged
 
 
 def in_jupyter() -> bool:
@@ -139,6 +141,7 @@ class _RankOut:
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self.lines = 0  # echoed in this cell
         self.chars = 0
+        self.rate_since, self.rate_lines = 0.0, 0  # lines shown in the current second
         self.muted = False  # over this cell's limit
         self.log = None
         self.log_path: str | None = None
@@ -240,6 +243,14 @@ class Router:
             self.write(stream, "".join(f"[{out.name}] {s}\n" for s in lines))
             return
         now = time.monotonic()
+        if now - out.rate_since >= 1.0:
+            out.rate_since, out.rate_lines = now, 0
+        out.rate_lines += len(lines)
+        if out.rate_lines > FLOOD_RATE:  # a flood: no one reads it line by line; as printed
+            if len(self._merge):
+                self._emit(self._merge.release([out.rank], now))
+            self.write(stream, "".join(f"[{out.name}] {s}\n" for s in lines))
+            return
         expected = self._expect()
         for line in lines:
             self._emit(self._merge.add(out.rank, stream, line, now, expected))
