@@ -344,3 +344,13 @@ def test_router_shows_a_flood_as_printed_after_what_the_rank_had_held(written):
     assert lines == ["[worker1] before", *[f"[worker1] line {i}" for i in range(1500)]]
     router.feed(2, "worker2", "stdout", "calm\n")  # another rank is merged as usual
     assert len(_text(written).splitlines()) == 1501
+
+
+def test_the_start_line_says_so_when_auto_turned_it_on(monkeypatch):
+    from nbdist.cluster.world import _merge_note
+    from nbdist.spec import WorldSpec
+
+    monkeypatch.delenv("NBDIST_AGGREGATE", raising=False)
+    assert "--aggregate off" in _merge_note(WorldSpec(8))
+    assert _merge_note(WorldSpec(4)) == ""
+    assert _merge_note(WorldSpec(8, aggregate=True)) == ""  # asked for: nothing to explain
