@@ -237,18 +237,15 @@ class Router:
 
     def _echo(self, out: _RankOut, stream: str, lines: list[str]) -> None:
         """Show a rank's complete lines: at once, or through the merge when it is on."""
-        if not self.aggregate:
-            if len(self._merge):  # switched off meanwhile: what is held goes first
-                self._emit(self._merge.release())
-            self.write(stream, "".join(f"[{out.name}] {s}\n" for s in lines))
-            return
         now = time.monotonic()
         if now - out.rate_since >= 1.0:
             out.rate_since, out.rate_lines = now, 0
         out.rate_lines += len(lines)
-        if out.rate_lines > FLOOD_RATE:  # a flood: no one reads it line by line; as printed
+        # off, or a flood (no one reads it line by line): as printed, after what is held
+        if not self.aggregate or out.rate_lines > FLOOD_RATE:
             if len(self._merge):
-                self._emit(self._merge.release([out.rank], now))
+                self._emit(self._merge.release(None if not self.aggregate else [out.rank],
+                                               now))
             self.write(stream, "".join(f"[{out.name}] {s}\n" for s in lines))
             return
         expected = self._expect()

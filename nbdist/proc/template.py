@@ -81,7 +81,7 @@ def serve(chan: Channel, prepare: Callable[[dict], dict] | None = None,
     config to this host), ``heartbeat`` (send one every so many seconds) and ``silence``
     (a notebook quiet this long is gone)."""
     children: dict[int, int] = {}
-    sampler = Sampler() if heartbeat is not None else None
+    sampler = Sampler()  # the ranks' CPU and memory, for heartbeats
     idle_limit = float(os.environ.get("NBDIST_TEMPLATE_IDLE", "600"))
     idle_since = last_heard = last_beat = time.monotonic()
     try:
@@ -97,7 +97,7 @@ def serve(chan: Channel, prepare: Callable[[dict], dict] | None = None,
                 last_heard = now
             elif silence is not None and now - last_heard > silence:
                 break
-            if sampler is not None and now - last_beat >= heartbeat:
+            if heartbeat is not None and now - last_beat >= heartbeat:
                 chan.send(_beat(children, sampler))
                 last_beat = now
             if isinstance(msg, Spawn):
