@@ -63,6 +63,9 @@ def _start_args(f: Any) -> Any:
                       "state (gives up on a rank that dies 3 times in 60 s)"),
         argument("--no-heal", dest="heal", action="store_const", const=False,
                  help="(restart) stop healing"),
+        argument("--aggregate", default=None, choices=["on", "off", "auto"],
+                 help="a line printed by several ranks at once shows once, led by the ranks "
+                      "([worker1-12] ...); auto (default): on from 8 workers"),
     ]):
         f = dec(f)
     return f
@@ -111,6 +114,9 @@ def _parse(magic_fn: Any, line: str, magic: str, ns: dict | None = None) -> Any:
         raise UsageError(f"{magic}: {exc}; see `{magic}?` for the flags") from None
 
 
+_ON_OFF = {"on": True, "off": False}
+
+
 def _settings(args: Any) -> dict:
     hosts = args.hosts
     if hosts is not None and hosts.strip().lower() in ("none", "local", ""):
@@ -121,7 +127,7 @@ def _settings(args: Any) -> dict:
         "start_timeout": args.start_timeout, "hosts": hosts, "iface": args.iface,
         "launcher": args.launcher, "remote_python": args.remote_python,
         "gpus": args.gpus, "device_maps": args.device_maps, "heal": args.heal,
-        "rpc": args.rpc}.items()
+        "rpc": args.rpc, "aggregate": _ON_OFF.get(args.aggregate, args.aggregate)}.items()
         if v is not None}
 
 
@@ -257,6 +263,9 @@ class DistMagics(Magics):
     @argument("--timeout", type=float, default=None, help="interrupt the cell after S seconds")
     @argument("--grid", action="store_true", help="lay each rank's rich outputs (plots, "
               "displays) side by side at the end of the cell, one column per rank")
+    @argument("--aggregate", default=None, choices=["on", "off"], help="this cell only: a "
+              "line printed by several ranks at once shows once, led by the ranks (on), or "
+              "once per rank (off); default: the world's setting")
     @no_var_expand
     @cell_magic
     def dist(self, line: str, cell: str) -> None:
@@ -271,12 +280,14 @@ class DistMagics(Magics):
             targets = parse_ranks(args.ranks, c.names)
         except ValueError as exc:
             raise UsageError(f"%%dist: {exc}") from None
+        aggregate = _ON_OFF.get(args.aggregate)
         if not args.local:
-            c.run(cell, ranks=targets, timeout=args.timeout, grid=args.grid)
+            c.run(cell, ranks=targets, timeout=args.timeout, grid=args.grid,
+                  aggregate=aggregate)
             return
         from .cluster.spmd import run_with_local
 
-        with c.rich_cell(targets, grid=args.grid):
+        with c.rich_cell(targets, grid=args.grid), c.aggregating(aggregate, targets):
             run_with_local(c, self.shell, cell, targets, args.timeout)
 
 

@@ -18,6 +18,7 @@ _HOST = re.compile(r"^[A-Za-z0-9_.@\-]{1,253}$")
 # template, RPC agent and threads); measured on torch 2.13 CPU, rounded up.
 WORKER_MB = 160
 HARD_LIMIT = 256
+AGGREGATE_FROM = 8  # workers from which equal lines of many ranks are merged by default
 
 
 def _available_mb() -> int:
@@ -54,6 +55,7 @@ class WorldSpec:
     device_maps: str | None = None  # "auto": TensorPipe maps each rank's GPU to its peers'
     heal: bool = False  # replace a rank that dies, keeping the others (``cluster.heal``)
     rpc: bool = True  # False: no torch RPC agent on any rank, a process group instead
+    aggregate: bool | str = "auto"  # equal lines of many ranks shown once (``aggregates``)
 
     def __post_init__(self) -> None:
         # ``worker_name=["ps", "trainer{rank}"]`` from Python is the list ``ps,trainer{rank}``
@@ -83,6 +85,9 @@ class WorldSpec:
                              f"got {self.rpc_timeout!r}")
         if not isinstance(self.rpc, bool):
             raise ValueError(f"rpc must be True or False, got {self.rpc!r}")
+        if self.aggregate not in (True, False, "auto"):
+            raise ValueError(f"aggregate must be True, False or 'auto' (`--aggregate "
+                             f"on|off|auto`), got {self.aggregate!r}")
         if self.process_group not in (None, "gloo", "nccl", "auto"):
             raise ValueError(f"--process-group {self.process_group!r} is not supported; use "
                              "gloo (CPU collectives, DDP), nccl (a GPU per rank) or auto")
@@ -140,6 +145,19 @@ class WorldSpec:
     @property
     def world_size(self) -> int:
         return self.n + 1 + sum(k for _, k in self.hosts)
+
+    def aggregates(self) -> bool:
+        """Whether equal lines printed by several ranks at once are shown once: ``aggregate``,
+        or with "auto" ``NBDIST_AGGREGATE`` (1 or 0) if set, else from ``AGGREGATE_FROM``
+        workers on."""
+        if self.aggregate != "auto":
+            return bool(self.aggregate)
+        env = os.environ.get("NBDIST_AGGREGATE", "").strip().lower()
+        if env in ("1", "on", "true", "yes"):
+            return True
+        if env in ("0", "off", "false", "no"):
+            return False
+        return self.world_size - 1 >= AGGREGATE_FROM
 
     def thread_count(self) -> int:
         if self.threads is not None:

@@ -40,6 +40,7 @@ SCRIPTS = {
     "multihost.py": ["multihost.json", "multihost.md"],
     "spmd.py": ["spmd.json", "spmd.md"],
     "gpu.py": ["gpu.json", "gpu.md"],
+    "output.py": ["output.json", "output.md"],
 }
 #: Not run by the smoke test: the same code as another entry, one switch apart.
 SAME_AS = {"rpc.py --unpinned": "rpc.py"}

@@ -27,7 +27,7 @@ from .ranks import ClusterState, RankInfo
 from .receiver import Receiver
 from .router import Router
 from .session import SESSION
-from .status import HostTable, StatusTable, collect_status, host_status
+from .status import HostTable, StatusTable, collect_status, host_status, remote_samples
 from .world import World
 
 __all__ = ["Cluster", "current", "last_spec", "release_hosts", "restart", "start", "stop"]
@@ -50,7 +50,7 @@ def start(n: int, *, name: str = "worker0", worker_name: str = "worker{rank}",
           hosts: Any = None, iface: str | None = None, launcher: str = "ssh",
           remote_python: str | None = None, gpus: str = "auto",
           device_maps: str | None = None, heal: bool = False, rpc: bool = True,
-          quiet: bool = False) -> Cluster:
+          aggregate: bool | str = "auto", quiet: bool = False) -> Cluster:
     """Start ``n`` worker ranks and make this process rank 0 of their RPC world.
 
     ``rpc=False`` (``--no-rpc``): no torch RPC agent on any rank, a process group instead
@@ -65,11 +65,14 @@ def start(n: int, *, name: str = "worker0", worker_name: str = "worker{rank}",
     ``"auto"``) and ``device_maps`` (``"auto"``): README, "GPUs".
     ``heal``: a worker that dies is replaced on its own, the others keeping their state
     (``Cluster.restart(keep=True)``); see the README, "When a rank dies".
+    ``aggregate``: a line printed by several ranks at once shows once, led by the ranks
+    (``[worker1-12] ...``); "auto" turns it on from 8 workers (README, "Output").
     """
     spec = WorldSpec(n, name, worker_name, threads, rpc_timeout, process_group,
                      start_timeout, hosts=parse_hosts(hosts, slurm_hosts), iface=iface,
                      launcher=launcher, remote_python=remote_python, gpus=gpus,
-                     device_maps=device_maps, heal=heal, rpc=rpc).validate()
+                     device_maps=device_maps, heal=heal, rpc=rpc,
+                     aggregate=aggregate).validate()
     if current() is not None:
         raise ClusterStateError("a world is already running; use `%dist_restart` (or "
                                 "`nbdist.current().restart()`) to start a new one, or "
@@ -137,7 +140,9 @@ class Cluster:
         placement = spec.placement()
         self.ranks: dict[int, RankInfo] = {r: RankInfo(r, nm, started=now, host=placement[r])
                                            for r, nm in enumerate(self.names)}
-        self.router = Router()
+        self.router = Router(workers=lambda: [r for r, i in list(self.ranks.items())
+                                              if r and i.alive])
+        self.router.aggregate = spec.aggregates()
         cv = threading.Condition()
         self.cells = Cells(self.ranks, cv, self._require_running, SESSION.exec_ids)
         self._receiver = Receiver(self.ranks, self.router, self.cells, self.cells.rich,
@@ -192,19 +197,23 @@ class Cluster:
 
     # ------------------------------------------------------------------ cells
     def run(self, code: str, ranks: Any = None, timeout: float | None = None,
-            show: bool = True, grid: bool = False) -> dict[int, str | None]:
+            show: bool = True, grid: bool = False,
+            aggregate: bool | None = None) -> dict[int, str | None]:
         """Run ``code`` on worker ranks; returns rank -> repr of the last expression.
 
         Output streams into the current cell as it is printed; the last expression of each
         rank is printed as ``[name] value`` when ``show`` (a value with a rich repr shows as
         that). Displays and figures arrive as rich outputs labelled with the rank; ``grid``
-        shows them at the end as one table, a column per rank. Raises ``DistCellError``
-        naming every rank that failed, after the others' output was shown.
+        shows them at the end as one table, a column per rank. ``aggregate`` (True/False)
+        overrides the world's setting for this cell: equal lines of several ranks shown
+        once. Raises ``DistCellError`` naming every rank that failed, after the others'
+        output was shown.
         """
         targets = parse_ranks(ranks, self.names)
         if not self.router.jupyter:  # in a notebook, each cell starts the limits over
             self.router.new_cell()
-        with self.rich_cell(targets, grid=grid, results=show):
+        with self.rich_cell(targets, grid=grid, results=show), \
+                self.aggregating(aggregate, targets):
             exec_id = self.send_cell(code, targets)
             results = self.collect(exec_id, targets, timeout)
         return self.report(results, targets, show)
@@ -214,6 +223,12 @@ class Cluster:
         """Around a cell on ``targets``: ``grid`` lays their rich outputs side by side at
         the end; ``results=False`` leaves rich last values unshown."""
         return self.cells.rich.cell(targets, grid=grid, results=results)
+
+    def aggregating(self, on: bool | None, targets: list[int]) -> AbstractContextManager[None]:
+        """Around a cell on ``targets``: ``on`` (True/False; None keeps the world's setting)
+        says whether equal lines of several ranks show once; a held line waits only for
+        ``targets``, and what is held is shown when the cell ends."""
+        return self.router.aggregating(on, targets)
 
     def send_cell(self, code: str, targets: list[int]) -> int:
         """Hand a cell to the targets without waiting; returns the id ``collect`` takes."""
@@ -286,8 +301,10 @@ class Cluster:
 
     # ------------------------------------------------------------------ status
     def status(self) -> StatusTable:
-        """A table of every rank: pid, alive or how it died, CPU %, memory, uptime."""
-        return collect_status(self, template_pid=SESSION.template_pid())
+        """A table of every rank: pid, alive or how it died, CPU %, memory, uptime (ranks on
+        other hosts: as their host's agent sampled them, at most a second ago)."""
+        return collect_status(self, template_pid=SESSION.template_pid(),
+                              remote=remote_samples(self._world.agents))
 
     def hosts_status(self) -> HostTable:
         """One row per host of this world: its agent's pid, ranks, load and free memory."""
@@ -386,6 +403,7 @@ class Cluster:
             finally:
                 self._settled.set()
             self.spec, self.names, self.epoch = spec, spec.names(), epoch
+            self.router.aggregate = spec.aggregates()
             Cluster.last_spec = spec
             self._follow_heal_flag()
             line = _kept_line(spec.world_size, self._world.startup_seconds, kept, before,

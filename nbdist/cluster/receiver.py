@@ -103,8 +103,13 @@ class Receiver:
             # list() copies in one step: a keep-restart adds and removes ranks meanwhile
             by_fd = {i.channel.fileno(): i for i in list(self.ranks.values())
                      if i.channel is not None and not i.channel.closed}
+            wait = TICK
+            due = self.router.next_due()  # a line held for merging is shown on time
+            if due is not None:
+                wait = min(TICK, max(due - time.monotonic(), 0.002))
+                next_tick = min(next_tick, due)
             try:
-                ready, _, _ = select.select([self._wake_r, *by_fd], [], [], TICK)
+                ready, _, _ = select.select([self._wake_r, *by_fd], [], [], wait)
             except (OSError, ValueError):  # a channel closed under us: look again
                 time.sleep(0.01)
                 continue
@@ -183,7 +188,7 @@ class Receiver:
         elif isinstance(msg, Metrics):
             records.deliver(msg.batch)
         elif isinstance(msg, Result):
-            self.router.flush(info.rank)
+            self.router.flush(info.rank, release=False)  # the cell's end shows held lines
             self.cells.deliver(msg)
         elif isinstance(msg, Flushed):
             self.cells.flushed(info.rank, msg.token)

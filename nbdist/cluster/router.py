@@ -13,7 +13,10 @@
 - keeps everything: a tail of ``TAIL_LINES`` lines per rank in memory and the full log per
   rank in a file of the world's runtime directory (``logs``);
 - stops echoing a rank that printed more than ``limit_lines`` lines or ``limit_bytes``
-  characters in one cell, saying once where the rest is (``%dist_logs``).
+  characters in one cell, saying once where the rest is (``%dist_logs``);
+- with ``aggregate`` on, shows a line that several ranks print at once only once, led by
+  the set of ranks (``cluster.aggregate`` holds the rule; the logs keep every rank's line),
+  except from a rank printing more than ``FLOOD_RATE`` lines a second (shown as printed).
 """
 
 from __future__ import annotations
@@ -23,7 +26,11 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
+
+from .aggregate import Aggregator, Held, rank_set
 
 __all__ = ["LiveLine", "Router", "StatusLine", "cell_stream", "in_jupyter"]
 
@@ -33,6 +40,9 @@ PARTIAL_WAIT = 0.2  # seconds of silence before an unfinished (non-\r) line is w
 LIVE_EVERY = 0.1  # seconds between two updates of a rank's live line
 CELL_LINES = int(os.environ.get("NBDIST_CELL_OUTPUT_LINES", "20000"))
 CELL_BYTES = int(float(os.environ.get("NBDIST_CELL_OUTPUT_MB", "5")) * 2**20)
+# how long a line waits for the same line from other ranks (aggregate on)
+AGGREGATE_WINDOW = float(os.environ.get("NBDIST_AGGREGATE_MS", "100")) / 1000
+FLOOD_RATE = 1000  # lines a second from one rank beyond which its lines are not merged
 
 
 def in_jupyter() -> bool:
@@ -155,6 +165,7 @@ class _RankOut:
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self.lines = 0  # echoed in this cell
         self.chars = 0
+        self.rate_since, self.rate_lines = 0.0, 0  # lines shown in the current second
         self.muted = False  # over this cell's limit
         self.log = None
         self.log_path: str | None = None
@@ -166,7 +177,10 @@ class _RankOut:
 class Router:
     """Routes every rank's output; one per world. Thread-safe."""
 
-    def __init__(self, limit_lines: int = CELL_LINES, limit_bytes: int = CELL_BYTES) -> None:
+    def __init__(self, limit_lines: int = CELL_LINES, limit_bytes: int = CELL_BYTES,
+                 workers: Callable[[], Iterable[int]] | None = None) -> None:
+        """``workers``: the ranks that may print now (those a line waits for when no cell
+        names its ranks)."""
         self.log_dir: str | None = None
         self.limit_lines, self.limit_bytes = limit_lines, limit_bytes
         self._ranks: dict[int, _RankOut] = {}
@@ -174,6 +188,93 @@ class Router:
         self.muted = False
         self.jupyter = in_jupyter()
         self._terminal = _TerminalLive()
+        self._workers = workers
+        self._merge = Aggregator(AGGREGATE_WINDOW)
+        self._aggregate = False  # the world's setting
+        self._override: bool | None = None  # one cell's (``aggregating``)
+        self._expected: frozenset[int] | None = None  # the running cell's ranks
+
+    # -- merging equal lines of many ranks ----------------------------------------------------
+    @property
+    def aggregate(self) -> bool:
+        """Whether equal lines from several ranks are shown once (this cell's, or the
+        world's setting)."""
+        return self._aggregate if self._override is None else self._override
+
+    @aggregate.setter
+    def aggregate(self, on: bool) -> None:
+        with self._lock:
+            self._aggregate = bool(on)
+            if not self.aggregate:
+                self._emit(self._merge.release())
+
+    @contextmanager
+    def aggregating(self, on: bool | None, ranks: Iterable[int] | None = None) -> Iterator[None]:
+        """Within: ``on`` overrides the world's setting (None: keep it) and a line waits only
+        for ``ranks`` (a cell's); after, what is held is shown."""
+        with self._lock:
+            before = self._override, self._expected
+            self._override = on if on is not None else self._override
+            if ranks is not None:
+                self._expected = frozenset(ranks)
+            if not self.aggregate and len(self._merge):
+                self._emit(self._merge.release())
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._emit(self._merge.release(self._expected, time.monotonic()))
+                self._override, self._expected = before
+                if not self.aggregate:
+                    self._emit(self._merge.release())
+
+    def release(self, ranks: Iterable[int] | None = None) -> None:
+        """Show the held lines of ``ranks`` (None: all) now, before what follows them."""
+        with self._lock:
+            if len(self._merge):
+                self._emit(self._merge.release(ranks, time.monotonic()))
+
+    def next_due(self) -> float | None:
+        """When a held line must be shown (``time.monotonic``), for the receiver's wake-up."""
+        with self._lock:
+            return self._merge.next_due()
+
+    def _expect(self) -> frozenset[int] | None:
+        if self._expected is not None:
+            return self._expected
+        return frozenset(self._workers()) if self._workers is not None else None
+
+    def _emit(self, shown: list[Held]) -> None:
+        """Write held lines, each led by its ranks, one write per run on a stream."""
+        run: list[str] = []
+        stream = ""
+        for held in shown:
+            if held.stream != stream and run:
+                self.write(stream, "".join(run))
+                run = []
+            stream = held.stream
+            names = [self._ranks[r].name for r in sorted(held.ranks)]
+            label = names[0] if len(names) == 1 else rank_set(names)
+            run.append(f"[{label}] {held.text}\n")
+        if run:
+            self.write(stream, "".join(run))
+
+    def _echo(self, out: _RankOut, stream: str, lines: list[str]) -> None:
+        """Show a rank's complete lines: at once, or through the merge when it is on."""
+        now = time.monotonic()
+        if now - out.rate_since >= 1.0:
+            out.rate_since, out.rate_lines = now, 0
+        out.rate_lines += len(lines)
+        # off, or a flood (no one reads it line by line): as printed, after what is held
+        if not self.aggregate or out.rate_lines > FLOOD_RATE:
+            if len(self._merge):
+                self._emit(self._merge.release(None if not self.aggregate else [out.rank],
+                                               now))
+            self.write(stream, "".join(f"[{out.name}] {s}\n" for s in lines))
+            return
+        expected = self._expect()
+        for line in lines:
+            self._emit(self._merge.add(out.rank, stream, line, now, expected))
 
     def keep_logs_in(self, log_dir: str) -> None:
         """Write each rank's full log into ``log_dir`` (made private) from now on."""
@@ -229,12 +330,12 @@ class Router:
             out.chars += len(line)
             keep += 1
         if keep:
-            self.write(stream, "".join(f"[{out.name}] {s}\n" for s in shown[:keep]))
+            self._echo(out, stream, shown[:keep])
         if out.muted:
-            self.write("stderr", f"[{out.name}] nbdist: this rank printed more than this "
-                                 f"cell's limit ({self.limit_lines:,} lines or "
-                                 f"{self.limit_bytes / 2**20:g} MB); the rest is in its log: "
-                                 f"`%dist_logs {out.name}`\n")
+            self._echo(out, "stderr", [f"nbdist: this rank printed more than this "
+                                       f"cell's limit ({self.limit_lines:,} lines or "
+                                       f"{self.limit_bytes / 2**20:g} MB); the rest is in its "
+                                       f"log: `%dist_logs {out.name}`"])
 
     def _show_live(self, out: _RankOut, stream: str, tail: str, force: bool = False) -> None:
         now = time.monotonic()
@@ -244,6 +345,8 @@ class Router:
             return
         state = tail.rsplit("\r", 1)[-1] or tail.rstrip("\r").rsplit("\r", 1)[-1]
         if stream not in out.live:
+            if len(self._merge):  # its lines held for merging go above its live line
+                self._emit(self._merge.release([out.rank], now))
             out.live[stream] = LiveLine() if self.jupyter else None
         live = out.live[stream]
         out.live_at[stream] = now
@@ -265,9 +368,13 @@ class Router:
                     elif now - out.partial_at[stream] > PARTIAL_WAIT:
                         del out.partial[stream]
                         self._lines(out, stream, [tail])
+            if len(self._merge):
+                self._emit(self._merge.due(now))
 
-    def flush(self, rank: int | None = None) -> None:
-        """Write out unfinished lines (all ranks, or one) and end their live lines."""
+    def flush(self, rank: int | None = None, release: bool = True) -> None:
+        """Write out unfinished lines (all ranks, or one) and end their live lines; with
+        ``release``, also the lines held for merging (a cell's last lines stay held until
+        the cell ends, so that the other ranks' equal lines can join them)."""
         with self._lock:
             for out in self._ranks.values():
                 if rank is not None and out.rank != rank:
@@ -276,6 +383,9 @@ class Router:
                     self._lines(out, stream, [out.partial.pop(stream)])
                 if out.log is not None:
                     out.log.flush()
+            if release and len(self._merge):
+                self._emit(self._merge.release(None if rank is None else [rank],
+                                               time.monotonic()))
 
     def new_cell(self) -> None:
         """A new cell began: per-cell limits start over."""

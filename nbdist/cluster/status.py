@@ -1,5 +1,8 @@
 """``%dist_status``: one row per rank, as a text table and as HTML in a notebook.
 
+CPU % and memory come from psutil: for local ranks sampled here, for ranks on other hosts
+by their host's join agent, which sends them with each heartbeat (``remote_samples``).
+
 The warm template process outlives worlds, so it gets a row too (rank ``-``, name
 ``template``) when its pid is passed to ``collect_status``. In a world on GPUs each rank's
 device and torch's memory on it (allocated / reserved, asked of the rank by RPC; rank 0's only
@@ -13,28 +16,25 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from ..proc.procstat import Sampler
 from ..table import html_table, text_table
 
-__all__ = ["HostTable", "StatusTable", "collect_status", "host_status"]
+__all__ = ["HostTable", "StatusTable", "collect_status", "host_status", "remote_samples"]
 
-_procs: dict[int, Any] = {}  # pid -> psutil.Process, so cpu_percent has a baseline
+_SAMPLER = Sampler()  # local pids: the notebook's ranks and the template
+_sample = _SAMPLER.sample
 TEMPLATE_RANK = "-"  # the template's row is not a rank of the world
 
 
-def _sample(pid: int | None) -> tuple[float | None, float | None]:
-    if pid is None:
-        return None, None
-    try:
-        import psutil
-
-        proc = _procs.get(pid)
-        if proc is None:
-            proc = _procs[pid] = psutil.Process(pid)
-            proc.cpu_percent(None)
-        return proc.cpu_percent(None), proc.memory_info().rss / 2**20
-    except Exception:
-        _procs.pop(pid, None)
-        return None, None
+def remote_samples(agents: dict[str, Any]) -> dict[int, tuple]:
+    """``{rank: (pid, cpu %, memory MB)}`` of the ranks on other hosts, as each live join
+    agent sampled them for its last heartbeat (at most a second old)."""
+    out: dict[int, tuple] = {}
+    for agent in agents.values():
+        if agent.alive():
+            for rank, pid, cpu, mem in agent.beat.ranks:
+                out[rank] = (pid, cpu, mem)
+    return out
 
 
 def _num(v: float | None, fmt: str) -> str:
@@ -104,15 +104,22 @@ def _template_row(pid: int, now: float) -> dict:
             "uptime": uptime, "exit_code": None}
 
 
-def collect_status(cluster: Any, template_pid: int | None = None) -> StatusTable:
-    """One row per rank of ``cluster``, then the template's row if ``template_pid`` is given."""
+def collect_status(cluster: Any, template_pid: int | None = None,
+                   remote: dict[int, tuple] | None = None) -> StatusTable:
+    """One row per rank of ``cluster``, then the template's row if ``template_pid`` is given.
+    ``remote``: CPU and memory of ranks on other hosts (``remote_samples``)."""
     now = time.time()
     rows = []
     for rank in sorted(cluster.ranks):
         info = cluster.ranks[rank]
         alive = info.alive and (rank == 0 or cluster.running)
-        # a rank on another host: its pid means nothing here, so no CPU or memory figures
-        cpu, mem = _sample(info.pid) if alive and info.host is None else (None, None)
+        cpu = mem = None
+        if alive and info.host is None:
+            cpu, mem = _sample(info.pid)
+        elif alive:  # its pid means nothing here: its host's agent sampled it
+            pid, rcpu, rmem = (remote or {}).get(rank, (None, None, None))
+            if pid == info.pid:  # not a process this rank had before a restart
+                cpu, mem = rcpu, rmem
         if rank == 0:
             state = "notebook"
         elif alive:

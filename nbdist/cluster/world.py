@@ -123,7 +123,8 @@ class World:
             note = f" ({self.gpu.note})" if self.gpu is not None and self.gpu.note else ""
             print(f"nbdist: {spec.world_size} ranks ready in {self.startup_seconds:.2f}s: "
                   + ", ".join(f"{r}={nm}" for r, nm in enumerate(self.names)) + note
-                  + _without_rpc(self.why_no_rpc, self.spec.group_backend))
+                  + _without_rpc(self.why_no_rpc, self.spec.group_backend)
+                  + _merge_note(spec))
 
     def rebuild(self, spec: WorldSpec, names: list[str], epoch: int, kept: set[int]) -> None:
         """Keep-restart: the same world directory, receiver and cells; ranks in ``kept`` keep
@@ -338,6 +339,7 @@ class World:
         rank = self.rank_of(dest)
         if rank:
             self.receiver.caught_up(rank, timeout=0.5)
+            self.router.release([rank])  # lines held for merging, too
 
     def locate(self, dest: Any) -> str | None:
         """``rank 3 (worker3) on node2`` for a rank on another host, else None."""
@@ -438,6 +440,14 @@ class World:
             if info.alive and info.pid and launcher is not None and launcher.alive():
                 found.setdefault(launcher, []).append(info.pid)
         return found
+
+
+def _merge_note(spec: WorldSpec) -> str:
+    """The start line's word on merged output, when it is on without being asked for."""
+    if spec.aggregate == "auto" and spec.aggregates():
+        return ("; a line several ranks print at once shows once, led by their names "
+                "(`--aggregate off`: once per rank)")
+    return ""
 
 
 def _without_rpc(why: str, backend: str | None) -> str:

@@ -343,11 +343,15 @@ class AgentReady(Message):
 
 @_message
 class Heartbeat(Message):
-    """A↔N: still here (a link that went silent is a host lost, on either side)."""
+    """A↔N: still here (a link that went silent is a host lost, on either side). From an
+    agent: the host's load and available memory, and ``ranks``, ``((rank, pid, cpu %,
+    memory MB), ...)`` of the ranks it forked (None where a figure could not be read), for
+    ``%dist_status``. ``ranks`` came last with a default, so a beat without it decodes."""
 
     TAG: ClassVar[str] = "heartbeat"
     load: float = 0.0
     mem_mb: float = 0.0
+    ranks: tuple = ()
 
 
 # ---- a rank <-> the notebook's rendezvous store (host worlds) -------------------------------

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 
 from .channel import Channel
+from .procstat import Sampler
 from .protocol import (
     Exit,
     Exited,
@@ -80,6 +81,7 @@ def serve(chan: Channel, prepare: Callable[[dict], dict] | None = None,
     config to this host), ``heartbeat`` (send one every so many seconds) and ``silence``
     (a notebook quiet this long is gone)."""
     children: dict[int, int] = {}
+    sampler = Sampler()  # the ranks' CPU and memory, for heartbeats
     idle_limit = float(os.environ.get("NBDIST_TEMPLATE_IDLE", "600"))
     idle_since = last_heard = last_beat = time.monotonic()
     try:
@@ -96,7 +98,7 @@ def serve(chan: Channel, prepare: Callable[[dict], dict] | None = None,
             elif silence is not None and now - last_heard > silence:
                 break
             if heartbeat is not None and now - last_beat >= heartbeat:
-                chan.send(_beat())
+                chan.send(_beat(children, sampler))
                 last_beat = now
             if isinstance(msg, Spawn):
                 config = prepare(msg.config) if prepare else msg.config
@@ -135,15 +137,18 @@ def serve(chan: Channel, prepare: Callable[[dict], dict] | None = None,
                 pass
 
 
-def _beat() -> Heartbeat:
-    """This host's load average and available memory, for ``%dist_status --hosts``."""
+def _beat(children: dict[int, int], sampler: Sampler) -> Heartbeat:
+    """This host's load average and available memory (``%dist_status --hosts``), and each
+    rank's CPU % and memory (``%dist_status``)."""
     try:
         import psutil
 
         mem = psutil.virtual_memory().available / 2**20
     except Exception:  # noqa: BLE001
         mem = 0.0
-    return Heartbeat(os.getloadavg()[0], mem)
+    sampler.keep_only(children)
+    ranks = tuple((rank, pid, *sampler.sample(pid)) for pid, rank in children.items())
+    return Heartbeat(os.getloadavg()[0], mem, ranks)
 
 
 def _fork_worker(chan: Channel, config: dict) -> int:
