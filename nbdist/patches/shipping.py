@@ -24,8 +24,10 @@ Each rank has its own ``__main__`` (``mirror``): a function from a notebook's (o
 merged there by mirror's rule; arriving back in the process that defined it, it *is* the
 original object (digests name their origin), so it runs with its real globals and closure.
 Classes likewise: a by-value class gets its attributes once per process, and never from a copy
-in the process that defined it. Locks, queues and their kin reached from shipped code arrive
-fresh (``fresh``); anything else that cannot travel is named with the chain that reached it.
+in the process that defined it. A function or class the receiving rank defined itself from
+the same cell arrives as that rank's own (``twins``), as one imported module is in a script.
+Locks, queues and their kin reached from shipped code arrive fresh (``fresh``); anything else
+that cannot travel is named with the chain that reached it.
 """
 
 from __future__ import annotations
