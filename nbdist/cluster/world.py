@@ -33,6 +33,7 @@ from ..proc.protocol import Rejoin, Stop
 from ..proc.runtime import pid_alive
 from ..spec import WorldSpec
 from ..telemetry import records, tracing
+from . import allocation
 from .cells import Cells
 from .followup import FollowUps
 from .ranks import ClusterState, RankInfo
@@ -94,7 +95,7 @@ class World:
         flags cannot be met here)."""
         has_cuda, count = cuda.visible()
         return devices.setup(spec.gpus, spec.group_backend, spec.device_maps, names,
-                             spec.n + 1, count, has_cuda)
+                             spec.n + 1, count, has_cuda, allocation.remote_devices(spec))
 
     def start(self, quiet: bool) -> None:
         """Start every rank and join them as rank 0; on any failure, tear down and raise."""
@@ -200,9 +201,11 @@ class World:
             self.listener = Listener(os.path.join(self.world_dir, f"ctl-{self.epoch}"),
                                      self.key)
         template.on_exit = self.on_exit
+        shares = allocation.rank_shares(spec)
         configs = [worker_config(spec, self.names, r, self.world_dir, self.listener.path,
                                  self.key, self.epoch, store=store_address,
-                                 ifname=iface.name if iface else "lo", gpu=self.gpu)
+                                 ifname=iface.name if iface else "lo", gpu=self.gpu,
+                                 share=shares.get(r))
                    for r in range(1, spec.world_size)]
         for cfg in configs:
             if cfg["rank"] in kept:
@@ -260,7 +263,15 @@ class World:
             agent.on_exit = functools.partial(self.on_exit, host=agent.host)
             agent.on_lost = self.on_host_lost
             self.agents[agent.host] = agent
-        start_agents(agents, SESSION.agent_key, watch.deadline)
+        try:
+            start_agents(agents, SESSION.agent_key, watch.deadline)
+        except (StartError, DistTimeoutError) as exc:
+            if not self.spec.slurm:
+                raise
+            raise type(exc)(f"{exc}\n(--slurm: the agents connect back to {iface.address} on "
+                            f"{iface.name}; where the nodes cannot reach that address, give "
+                            "--iface with this machine's interface or address they reach)"
+                            ) from None
         if not SESSION.warned_data_plane:
             SESSION.warned_data_plane = True
             Router.write("stderr", f"nbdist: this world's RPC and Gloo ports on {iface.name} "
@@ -284,19 +295,27 @@ class World:
 
     # ------------------------------------------------------------------ worker lives
     def on_host_lost(self, host: str, why: str) -> None:
-        """A host's agent went away or silent (its reader thread): its ranks are gone."""
+        """A host's agent went away or silent (its reader thread): its ranks are gone. When
+        the world's allocation ended, every host of it is lost, in one line in SLURM's words."""
+        ended = allocation.ended(self.spec) if self.running else None
+        hosts = {h for h, _ in self.spec.hosts} if ended else {host}
+        why = ended or why
         lost = []
         with self.cv:
             for info in self.ranks.values():
-                if info.host == host and info.alive:
+                if info.host in hosts and info.alive:
                     info.lost, info.exit_code = why, -signal.SIGKILL
                     lost.append(info.rank)
             self.cv.notify_all()
         if lost and self.running:
-            Router.write("stderr", f"nbdist: host {host} lost ({why}): rank"
-                                   f"{'s' if len(lost) > 1 else ''} "
-                                   f"{', '.join(map(str, lost))} gone; `%dist_restart` "
-                                   "relaunches it\n")
+            ranks = f"rank{'s' if len(lost) > 1 else ''} {', '.join(map(str, lost))}"
+            if ended:
+                Router.write("stderr", f"nbdist: {ended}: {ranks} on {', '.join(sorted(hosts))} "
+                                       "lost; `%dist_restart` asks for a new allocation with "
+                                       "the same options\n")
+            else:
+                Router.write("stderr", f"nbdist: host {host} lost ({why}): {ranks} gone; "
+                                       "`%dist_restart` relaunches it\n")
 
     def on_exit(self, pid: int, code: int, host: str | None = None) -> None:
         """The template (or a host's agent) reaped a worker (called from its reader thread)."""
