@@ -27,6 +27,7 @@ from .session import SESSION
 __all__ = ["WARN_ENV", "Follower", "describe", "ended", "provide", "rank_shares", "release",
            "remote_devices", "shares"]
 
+_COMPLETING = 15.0  # seconds to wait for a job's end to be named (KillWait, epilogs)
 WARN_ENV = "NBDIST_SLURM_WARN"  # minutes left when the running cell is warned (default 5)
 
 
@@ -120,6 +121,10 @@ def ended(spec: WorldSpec) -> str | None:
     if not spec.slurm or job is None or job.job_id is None:
         return None
     state = job.state()
+    deadline = time.monotonic() + _COMPLETING
+    while state.state == "COMPLETING" and time.monotonic() < deadline:
+        time.sleep(0.2)  # SLURM names the end (CANCELLED, TIMEOUT...) once it completed
+        state = job.state()
     return f"SLURM job {job.job_id} ended: {describe_end(state)}" if state.ended else None
 
 

@@ -73,6 +73,7 @@ class World:
         self.key = os.urandom(32)  # authenticates control connections and the store
         self.gpu: devices.Setup | None = None  # set by check()
         self.why_no_rpc = ""  # no_rpc.FLAG or BUILD in a world without RPC
+        self._told_end = False  # the end of the world's allocation was reported
 
     @property
     def running(self) -> bool:
@@ -296,26 +297,33 @@ class World:
     # ------------------------------------------------------------------ worker lives
     def on_host_lost(self, host: str, why: str) -> None:
         """A host's agent went away or silent (its reader thread): its ranks are gone. When
-        the world's allocation ended, every host of it is lost, in one line in SLURM's words."""
-        ended = allocation.ended(self.spec) if self.running else None
-        hosts = {h for h, _ in self.spec.hosts} if ended else {host}
-        why = ended or why
+        the world's allocation ended, every rank on it is lost, in one line in SLURM's words
+        (asked once the job has finished completing, a few seconds at most)."""
+        lost = self._lose({host}, why)
+        ended = allocation.ended(self.spec) if self.running and self.spec.slurm else None
+        if ended is not None:
+            hosts = sorted({h for h, _ in self.spec.hosts})
+            lost = self._lose(set(hosts), ended, relabel=True)
+            if lost and self.running and not self._told_end:
+                self._told_end = True
+                Router.write("stderr", f"nbdist: {ended}: {_ranks(lost)} on {', '.join(hosts)} "
+                                       "lost; `%dist_restart` asks for a new allocation with "
+                                       "the same options\n")
+        elif lost and self.running:
+            Router.write("stderr", f"nbdist: host {host} lost ({why}): {_ranks(lost)} gone; "
+                                   "`%dist_restart` relaunches it\n")
+
+    def _lose(self, hosts: set[str], why: str, relabel: bool = False) -> list[int]:
+        """Mark the live ranks on ``hosts`` lost for ``why`` (``relabel``: also those lost
+        before, whose reason ``why`` replaces); returns them."""
         lost = []
         with self.cv:
             for info in self.ranks.values():
-                if info.host in hosts and info.alive:
+                if info.host in hosts and (info.alive or (relabel and info.lost)):
                     info.lost, info.exit_code = why, -signal.SIGKILL
                     lost.append(info.rank)
             self.cv.notify_all()
-        if lost and self.running:
-            ranks = f"rank{'s' if len(lost) > 1 else ''} {', '.join(map(str, lost))}"
-            if ended:
-                Router.write("stderr", f"nbdist: {ended}: {ranks} on {', '.join(sorted(hosts))} "
-                                       "lost; `%dist_restart` asks for a new allocation with "
-                                       "the same options\n")
-            else:
-                Router.write("stderr", f"nbdist: host {host} lost ({why}): {ranks} gone; "
-                                       "`%dist_restart` relaunches it\n")
+        return lost
 
     def on_exit(self, pid: int, code: int, host: str | None = None) -> None:
         """The template (or a host's agent) reaped a worker (called from its reader thread)."""
@@ -457,6 +465,10 @@ class World:
             if info.alive and info.pid and launcher is not None and launcher.alive():
                 found.setdefault(launcher, []).append(info.pid)
         return found
+
+
+def _ranks(ranks: list[int]) -> str:
+    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, sorted(ranks)))}"
 
 
 def _without_rpc(why: str, backend: str | None) -> str:

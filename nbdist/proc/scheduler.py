@@ -66,7 +66,8 @@ class JobState:
 
     @property
     def ended(self) -> bool:
-        return not (self.pending or self.running)
+        """It will not run (again): not pending, not running, and known."""
+        return not (self.pending or self.running or self.state in ("UNKNOWN", "NONE"))
 
 
 class Allocation(Protocol):
