@@ -249,3 +249,25 @@ def test_nodes_that_cannot_reach_the_default_address_name_iface(released):
     # the nodes reach this machine on nbslbr0 only, not on the default route's interface
     with pytest.raises((StartError, DistTimeoutError), match="give --iface"):
         nbdist.start(0, slurm="-N1", start_timeout=8, quiet=True)
+
+
+def test_srun_launchers_outside_an_allocation_leave_nothing_queued(full):
+    """The old way (``--hosts H --launcher srun`` outside any allocation: one job per host):
+    a start timeout ends the queued sruns with SIGTERM, so SLURM cancels their jobs."""
+    with pytest.raises(DistTimeoutError):
+        nbdist.start(0, hosts="nbnode1:1", launcher="srun", iface=IFACE, start_timeout=4,
+                     quiet=True)
+    wait_until(lambda: jobs() == [full], 10.0, "the queued srun's job to be cancelled")
+
+
+def test_a_node_cut_off_is_a_host_lost_and_release_still_empties_the_queue(released, capfd):
+    c = nbdist.start(0, slurm="-N2", iface=IFACE, quiet=True)
+    subprocess.run(["ip", "link", "set", "nbslv2", "down"], check=True, timeout=30)
+    try:
+        _wait_said(capfd, "host nbnode2 lost (no heartbeat for 4s): rank 2 gone", 20.0)
+        assert c.ranks[1].alive and not c.ranks[2].alive
+        with pytest.raises(WorkerDiedError, match="nbnode2"):
+            c.run("1", ranks=[2], show=False)
+        assert c.run("1", ranks=[1], show=False) == {1: "1"}
+    finally:
+        subprocess.run(["ip", "link", "set", "nbslv2", "up"], check=True, timeout=30)
