@@ -27,6 +27,7 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -71,29 +72,43 @@ def _import_torch() -> str:
     return torch.__version__
 
 
-def _ipyparallel() -> dict:
-    import ipyparallel as ipp
-
+def _time_peer(start: Callable[[], tuple[Callable, Callable]]) -> dict:
+    """``start()`` brings a peer's 4 workers up and returns (run a function on all, close);
+    timed to ready, then to torch imported on all of them."""
     t0 = time.perf_counter()
-    cluster = ipp.Cluster(engines="slurm", n=4, controller_ip=ADDRESS, log_level=40)
+    run_all, close = start()
     try:
-        rc = cluster.start_and_connect_sync()
-        rc.wait_for_engines(4, timeout=120)
         ready = time.perf_counter() - t0
-        rc[:].apply_sync(_import_torch)
+        run_all(_import_torch)
         torch_ready = time.perf_counter() - t0
-        rc.close()
     finally:
-        cluster.stop_cluster_sync()
+        close()
     _drained()
     return {"ready": ready, "ready_torch": torch_ready}
 
 
-def _dask() -> dict:
+def _ipyparallel() -> tuple[Callable, Callable]:
+    import ipyparallel as ipp
+
+    cluster = ipp.Cluster(engines="slurm", n=4, controller_ip=ADDRESS, log_level=40)
+    try:
+        rc = cluster.start_and_connect_sync()
+        rc.wait_for_engines(4, timeout=120)
+    except BaseException:
+        cluster.stop_cluster_sync()
+        raise
+
+    def close() -> None:
+        rc.close()
+        cluster.stop_cluster_sync()
+
+    return rc[:].apply_sync, close
+
+
+def _dask() -> tuple[Callable, Callable]:
     from dask_jobqueue import SLURMCluster
     from distributed import Client
 
-    t0 = time.perf_counter()
     cluster = SLURMCluster(cores=2, processes=2, memory="1GB", walltime="00:30:00",
                            scheduler_options={"interface": IFACE},
                            worker_extra_args=["--interface", "eth0"],
@@ -102,14 +117,15 @@ def _dask() -> dict:
         cluster.scale(jobs=2)
         client = Client(cluster)
         client.wait_for_workers(4, timeout=120)
-        ready = time.perf_counter() - t0
-        client.run(_import_torch)
-        torch_ready = time.perf_counter() - t0
-        client.close()
-    finally:
+    except BaseException:
         cluster.close()
-    _drained()
-    return {"ready": ready, "ready_torch": torch_ready}
+        raise
+
+    def close() -> None:
+        client.close()
+        cluster.close()
+
+    return client.run, close
 
 
 def _median(values: list[float]) -> float:
@@ -139,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     bed = SlurmBed(nodes=2, task="task/none", gpus=0)
     bed.up()
     try:
-        peers = {"nbdist": _nbdist, "ipyparallel": _ipyparallel, "dask-jobqueue": _dask}
+        peers = {"nbdist": _nbdist, "ipyparallel": lambda: _time_peer(_ipyparallel),
+                 "dask-jobqueue": lambda: _time_peer(_dask)}
         for _ in range(rounds):
             for name, run in peers.items():
                 try:
