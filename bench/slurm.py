@@ -26,6 +26,7 @@ import os
 import platform
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -154,6 +155,9 @@ def main(argv: list[str] | None = None) -> int:
     nbdist.start(1, quiet=True).stop()  # the template warm, as a notebook's first world finds it
     bed = SlurmBed(nodes=2, task="task/none", gpus=0)
     bed.up()
+    here = os.getcwd()
+    scratch = tempfile.TemporaryDirectory(prefix="nbdist-bench-slurm-")
+    os.chdir(scratch.name)  # ipyparallel writes its batch script to the working directory
     try:
         peers = {"nbdist": _nbdist, "ipyparallel": lambda: _time_peer(_ipyparallel),
                  "dask-jobqueue": lambda: _time_peer(_dask)}
@@ -168,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
         nbdist.stop()
         nbdist.release_hosts()
         bed.down()
+        os.chdir(here)
+        scratch.cleanup()
     (out / "slurm.json").write_text(json.dumps(res, indent=1) + "\n")
     lines = [f"# From a notebook outside any allocation to 4 workers on 2 SLURM nodes — "
              f"{res['when']}, {res['machine']}, torch {res['torch']}, nbdist at "
