@@ -58,6 +58,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/spmd.py
 	$(BIN)/python bench/gpu.py
 	$(BIN)/python bench/output.py
+	$(BIN)/python bench/slurm.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check nbdist tests bench

@@ -37,6 +37,7 @@ class GpuPlan:
     """The device of every rank (``None``: the CPU), rank 0 first."""
 
     devices: tuple[int | None, ...]
+    hosts: tuple[str | None, ...] = ()  # each rank's host (None: this machine); () all here
 
     def of(self, rank: int) -> int | None:
         return self.devices[rank]
@@ -47,7 +48,8 @@ class GpuPlan:
 
     def gpu_per_rank(self) -> bool:
         """Whether every rank has a GPU, and no two share one (what NCCL needs)."""
-        used = [d for d in self.devices if d is not None]
+        hosts = self.hosts or (None,) * len(self.devices)
+        used = [(h, d) for h, d in zip(hosts, self.devices, strict=True) if d is not None]
         return len(used) == len(self.devices) and len(set(used)) == len(used)
 
 
@@ -134,12 +136,19 @@ class Setup:
 
 
 def setup(gpus: str | None, requested_pg: str | None, maps_flag: str | None,
-          names: list[str], local: int, visible: int, cuda: bool) -> Setup:
+          names: list[str], local: int, visible: int, cuda: bool,
+          remote: tuple[tuple[str, int | None], ...] = ()) -> Setup:
     """Resolve ``--gpus``, ``--process-group`` and ``--device-maps`` for a world whose first
-    ``local`` ranks (the notebook and its workers) run on this machine; ranks on other hosts
-    stay on the CPU here. Raises ValueError with what to do, before anything starts."""
+    ``local`` ranks (the notebook and its workers) run on this machine. Ranks on other hosts
+    stay on the CPU unless ``remote`` gives each one's ``(host, GPU index there)`` (a
+    scheduler's allocation says which GPUs a node's ranks own). Raises ValueError with what
+    to do, before anything starts."""
     local_plan = plan(parse_gpus(gpus), local, visible if cuda else 0)
-    full = GpuPlan(local_plan.devices + (None,) * (len(names) - local))
+    far = tuple(remote) + ((None, None),) * (len(names) - local - len(remote))
+    if parse_gpus(gpus) == "none":
+        far = tuple((h, None) for h, _ in far)
+    full = GpuPlan(local_plan.devices + tuple(d for _, d in far),
+                   (None,) * local + tuple(h for h, _ in far))
     backend, note = process_group(requested_pg, full, cuda)
     maps = device_maps(names, full, cuda) if maps_flag == "auto" else {}
     if full.on_gpu:

@@ -51,8 +51,14 @@ def _start_args(f: Any) -> Any:
         argument("--hosts", default=None,
                  help="ranks on other machines after the local ones: HOST:K[,HOST:K...], or "
                       "slurm[:K] for the current SLURM allocation (restart: none drops them)"),
+        argument("--slurm", default=None,
+                 help="ask SLURM for the hosts: one allocation with these sbatch options, in "
+                      "quotes (\"-N 2 --ntasks-per-node=4 -t 1:00:00 -p gpu\"), its ranks after "
+                      "the local ones, kept across restarts until %%dist_stop --hosts "
+                      "(restart: none drops it)"),
         argument("--iface", default=None,
-                 help="with --hosts: this machine's interface or address the hosts reach"),
+                 help="with --hosts: this machine's interface or address the hosts reach "
+                      "(with --slurm: default the default route's)"),
         argument("--launcher", default=None,
                  help="with --hosts: ssh (default), srun, or a template with {host} and "
                       "{command}, e.g. 'ip netns exec {host} {command}'"),
@@ -108,6 +114,10 @@ def _parse(magic_fn: Any, line: str, magic: str, ns: dict | None = None) -> Any:
         argv = shlex.split(line)
     except ValueError as exc:
         raise UsageError(f"{magic}: {exc}") from None
+    for i, arg in enumerate(argv[:-1]):  # --slurm "-N2": a value argparse takes for a flag
+        if arg == "--slurm":
+            argv[i:i + 2] = [f"--slurm={argv[i + 1]}"]
+            break
     try:
         return magic_fn.parser.parse_args(argv)
     except UsageError as exc:
@@ -127,7 +137,8 @@ def _settings(args: Any) -> dict:
         "start_timeout": args.start_timeout, "hosts": hosts, "iface": args.iface,
         "launcher": args.launcher, "remote_python": args.remote_python,
         "gpus": args.gpus, "device_maps": args.device_maps, "heal": args.heal,
-        "rpc": args.rpc, "aggregate": _ON_OFF.get(args.aggregate, args.aggregate)}.items()
+        "rpc": args.rpc, "aggregate": _ON_OFF.get(args.aggregate, args.aggregate),
+        "slurm": args.slurm}.items()
         if v is not None}
 
 

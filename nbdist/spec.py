@@ -56,6 +56,7 @@ class WorldSpec:
     heal: bool = False  # replace a rank that dies, keeping the others (``cluster.heal``)
     rpc: bool = True  # False: no torch RPC agent on any rank, a process group instead
     aggregate: bool | str = "auto"  # equal lines of many ranks shown once (``aggregates``)
+    slurm: str | None = None  # sbatch options: the hosts are the nodes of one allocation
 
     def __post_init__(self) -> None:
         # ``worker_name=["ps", "trainer{rank}"]`` from Python is the list ``ps,trainer{rank}``
@@ -67,8 +68,9 @@ class WorldSpec:
         if isinstance(n, bool) or not isinstance(n, int):
             raise ValueError(f"the number of workers must be a whole number, got {n!r}; "
                              "for example `%dist_start 4`")
+        self._validate_slurm()
         self._validate_hosts()
-        if n < (0 if self.hosts else 1):
+        if n < (0 if self.hosts or self.slurm else 1):
             raise ValueError(f"the number of workers must be at least 1, got {n}; the notebook "
                              "is rank 0 and workers are ranks 1..N, e.g. `%dist_start 2`")
         limit = max_workers()
@@ -107,6 +109,13 @@ class WorldSpec:
                                  "`--worker-name obs{rank}`")
             seen[nm] = rank
         return self
+
+    def _validate_slurm(self) -> None:
+        if self.slurm is None:
+            return
+        if not isinstance(self.slurm, str) or not self.slurm.strip():
+            raise ValueError("--slurm takes the allocation's sbatch options as one string, e.g. "
+                             "--slurm \"-N 2 --ntasks-per-node=2 -t 30\"")
 
     def _validate_hosts(self) -> None:
         if not self.hosts:

@@ -24,6 +24,7 @@ import psutil
 import pytest
 from conftest import ROOT, wait_until
 from fakehosts import can_make_namespaces
+from slurmbed import cannot_run as slurm_cannot_run
 
 BENCH = ROOT / "bench"
 
@@ -41,6 +42,7 @@ SCRIPTS = {
     "spmd.py": ["spmd.json", "spmd.md"],
     "gpu.py": ["gpu.json", "gpu.md"],
     "output.py": ["output.json", "output.md"],
+    "slurm.py": ["slurm.json", "slurm.md"],
 }
 #: Not run by the smoke test: the same code as another entry, one switch apart.
 SAME_AS = {"rpc.py --unpinned": "rpc.py"}
@@ -94,6 +96,7 @@ def _session_procs(sid: int) -> list[psutil.Process]:
 
 def test_every_bench_script_runs_in_smoke_mode(tmp_path):
     multihost_why = can_make_namespaces()
+    slurm_why = slurm_cannot_run()
     procs: dict[str, tuple[subprocess.Popen, Path, object]] = {}
     try:
         for script in SCRIPTS:
@@ -101,6 +104,8 @@ def test_every_bench_script_runs_in_smoke_mode(tmp_path):
                 continue
             if script == "multihost.py" and multihost_why is not None:
                 continue  # it says why and writes nothing (as make bench does there)
+            if script == "slurm.py" and slurm_why is not None:
+                continue  # the same: no SLURM test bed here
             name, *extra = script.split()
             out = tmp_path / script.replace(" ", "_").replace("--", "")
             log = open(tmp_path / f"{out.name}.log", "w")  # noqa: SIM115 - closed below

@@ -13,6 +13,7 @@ import shutil
 import threading
 import time
 from contextlib import AbstractContextManager
+from dataclasses import replace
 from typing import Any, ClassVar
 
 from ..errors import ClusterStateError, StartError, WorkerDiedError
@@ -21,6 +22,7 @@ from ..proc.hosts import slurm_hosts
 from ..proc.protocol import Debug
 from ..spec import WorldSpec, parse_hosts, parse_ranks
 from ..telemetry import events
+from . import allocation
 from .cells import Cells
 from .heal import Healer
 from .ranks import ClusterState, RankInfo
@@ -50,7 +52,8 @@ def start(n: int, *, name: str = "worker0", worker_name: str = "worker{rank}",
           hosts: Any = None, iface: str | None = None, launcher: str = "ssh",
           remote_python: str | None = None, gpus: str = "auto",
           device_maps: str | None = None, heal: bool = False, rpc: bool = True,
-          aggregate: bool | str = "auto", quiet: bool = False) -> Cluster:
+          aggregate: bool | str = "auto", slurm: str | None = None,
+          quiet: bool = False) -> Cluster:
     """Start ``n`` worker ranks and make this process rank 0 of their RPC world.
 
     ``rpc=False`` (``--no-rpc``): no torch RPC agent on any rank, a process group instead
@@ -67,18 +70,36 @@ def start(n: int, *, name: str = "worker0", worker_name: str = "worker{rank}",
     (``Cluster.restart(keep=True)``); see the README, "When a rank dies".
     ``aggregate``: a line printed by several ranks at once shows once, led by the ranks
     (``[worker1-12] ...``); "auto" turns it on from 8 workers (README, "Output").
+    ``slurm`` (``"-N 2 --ntasks-per-node=4 -t 1:00:00"``): sbatch options of one SLURM
+    allocation whose nodes are the hosts, ``--ntasks-per-node`` ranks on each, kept across
+    restarts until ``release_hosts()`` (README, "More than one machine").
     """
+    if slurm and hosts:
+        raise ValueError("--slurm and --hosts both say where ranks run: give one (--slurm asks "
+                         "SLURM for the nodes, --hosts names them)")
     spec = WorldSpec(n, name, worker_name, threads, rpc_timeout, process_group,
                      start_timeout, hosts=parse_hosts(hosts, slurm_hosts), iface=iface,
                      launcher=launcher, remote_python=remote_python, gpus=gpus,
                      device_maps=device_maps, heal=heal, rpc=rpc,
-                     aggregate=aggregate).validate()
+                     aggregate=aggregate, slurm=slurm).validate()
     if current() is not None:
         raise ClusterStateError("a world is already running; use `%dist_restart` (or "
                                 "`nbdist.current().restart()`) to start a new one, or "
                                 "`%dist_stop` first")
-    cluster = Cluster(spec)
-    cluster._start(quiet=quiet)
+    return _start_new(spec, quiet)
+
+
+def _start_new(spec: WorldSpec, quiet: bool) -> Cluster:
+    """A new ``Cluster`` of ``spec`` on its scheduler's allocation, if any; a failed start
+    gives back an allocation it asked for itself (one kept from before stays)."""
+    before = SESSION.allocation
+    try:
+        cluster = Cluster(allocation.provide(spec, quiet))
+        cluster._start(quiet=quiet)
+    except BaseException:
+        if SESSION.allocation is not None and SESSION.allocation is not before:
+            SESSION.close_agents()
+        raise
     return cluster
 
 
@@ -97,15 +118,18 @@ def restart(n: int | None = None, *, keep: bool = False, quiet: bool = False,
         raise ClusterStateError("no world to restart; start one with `%dist_start N`")
     if keep and not quiet:
         print("nbdist: no world is running, so no rank has state to keep; starting a fresh one")
-    cluster = Cluster(_changed(Cluster.last_spec, n, changes))
-    cluster._start(quiet=quiet)
-    return cluster
+    return _start_new(_changed(Cluster.last_spec, n, changes), quiet)
 
 
 def _changed(spec: WorldSpec, n: int | None, changes: dict[str, Any]) -> WorldSpec:
     """``spec`` with the settings given changed (``None``: as it was), validated."""
+    slurm = changes.pop("slurm", None)
     if changes.get("hosts") is not None:
         changes = {**changes, "hosts": parse_hosts(changes["hosts"], slurm_hosts) or ()}
+        spec = replace(spec, slurm=None)  # named hosts (or none) replace an allocation's
+    if slurm is not None:  # new options: a new allocation ("none": back to no hosts)
+        none = slurm.strip().lower() in ("", "none")
+        spec = replace(spec, slurm=None if none else slurm, hosts=())
     return spec.with_changes(n=n, **changes).validate()
 
 
@@ -307,8 +331,10 @@ class Cluster:
                               remote=remote_samples(self._world.agents))
 
     def hosts_status(self) -> HostTable:
-        """One row per host of this world: its agent's pid, ranks, load and free memory."""
-        return host_status(self, self._world.agents)
+        """One row per host of this world: its agent's pid, ranks, load and free memory
+        (under ``--slurm``, a first line with the job, its state and time left)."""
+        return host_status(self, self._world.agents,
+                           allocation.describe() if self.spec.slurm else "")
 
     def device(self, rank: int = 0) -> str | None:
         """``"cuda:i"`` where ``rank`` runs on a GPU in this world, else None."""
@@ -364,6 +390,8 @@ class Cluster:
         line says which ranks kept their state. A rank whose host changes starts fresh.
         """
         spec = _changed(self.spec, n, changes)
+        if keep and spec.slurm and spec.slurm == self.spec.slurm and allocation.ended(spec):
+            keep = False  # its ranks are gone: provide() asks again, and its line says so
         if keep and self.running:
             self._rebuild(spec, quiet)
             return self
@@ -371,9 +399,7 @@ class Cluster:
             print("nbdist: this world is not running, so no rank has state to keep; "
                   "starting a fresh one")
         self.stop()
-        cluster = Cluster(spec)
-        cluster._start(quiet=quiet)
-        return cluster
+        return _start_new(spec, quiet)
 
     def _rebuild(self, spec: WorldSpec, quiet: bool, healing: list[int] | None = None) -> None:
         """``restart(keep=True)`` of a running world (``healing``: the ranks --heal replaces)."""

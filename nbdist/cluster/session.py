@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from ..envflag import switched_on
 from ..errors import StartError
@@ -30,6 +31,7 @@ from ..proc.hosts import HostAgent
 from ..proc.launch import Template
 from ..proc.netif import Interface
 from ..proc.runtime import runtime_dir
+from ..proc.scheduler import Allocation
 from ..spec import WorldSpec
 from .router import in_jupyter
 
@@ -55,6 +57,8 @@ class Session:
         self.agents: dict[tuple, HostAgent] = {}  # join agents on other hosts, kept warm
         self.agent_key = os.urandom(32)  # the secret agents prove (reaches them on stdin)
         self.warned_data_plane = False
+        self.allocation: Allocation | None = None  # --slurm's job, kept across worlds
+        self.follower: Any = None  # its time-left warner (``allocation.Follower``)
         self.on_exit: list[Callable[[], None]] = []  # run last at exit, in order
 
     def settle_joiner(self, deadline: float) -> None:
@@ -97,11 +101,24 @@ class Session:
         return chosen
 
     def close_agents(self) -> int:
-        """End every join agent (each kills its ranks); returns how many there were."""
+        """End every join agent (each kills its ranks) and give back the scheduler's
+        allocation they ran in, if any; returns how many agents there were."""
         agents, self.agents = list(self.agents.values()), {}
         for agent in agents:
             agent.close(timeout=2.0)
+        self.release_allocation()
         return len(agents)
+
+    def release_allocation(self) -> bool:
+        """Give back the scheduler's allocation (``--slurm``); True if there was one."""
+        follower, self.follower = self.follower, None
+        if follower is not None:
+            follower.stop()
+        job, self.allocation = self.allocation, None
+        if job is None:
+            return False
+        job.release()
+        return True
 
     def prewarm(self) -> bool:
         """Start the warm template in the background (returns at once) unless
@@ -129,6 +146,7 @@ class Session:
         try:
             for agent in self.agents.values():
                 agent.close(timeout=1.0)
+            self.release_allocation()
             if self.template is not None:
                 self.template.close(timeout=2.0)
         finally:

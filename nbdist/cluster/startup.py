@@ -39,8 +39,13 @@ _DEADLINE_SLACK = 0.5  # a torch wait ending this close to the start deadline is
 
 def worker_config(spec: WorldSpec, names: list[str], rank: int, world_dir: str,
                   socket: str | tuple, key: bytes, epoch: int, store: tuple | None = None,
-                  ifname: str = "lo", gpu: Setup | None = None) -> dict:
+                  ifname: str = "lo", gpu: Setup | None = None,
+                  share: tuple | None = None) -> dict:
     """Everything a forked worker needs to become ``rank`` (plain values only).
+
+    ``share`` (``(NodeShare, k)``: the rank is the k-th of its node in a scheduler's
+    allocation) gives it the threads and CPUs of its share of the node (``cpu_share``: its
+    agent binds it to its part of the CPUs the step holds), ``LOCAL_RANK`` k and its GPU.
 
     ``gpu`` (the world's ``devices.Setup``) gives the rank its device (``LOCAL_RANK`` and
     ``NBDIST_DEVICE`` in its environment), the process group's backend and its device maps.
@@ -62,12 +67,18 @@ def worker_config(spec: WorldSpec, names: list[str], rank: int, world_dir: str,
         extra = None
     else:
         env, threads, extra = None, spec.threads, {**spec.env, **ours}
+        if share is not None:
+            node, local = share
+            threads = spec.threads or node.threads()
+            extra.update({"LOCAL_RANK": str(local), "NBDIST_DEVICE": device or "cpu",
+                          "OMP_NUM_THREADS": str(threads)})
     rendezvous = _rendezvous(world_dir, epoch, hosted=store is not None)
     return {
         "rank": rank, "name": names[rank], "world_size": spec.world_size,
         "socket": socket, "authkey": key, "cwd": os.getcwd(),
         "env": env, "env_extra": extra, "path": list(sys.path), "threads": threads,
         "host": host, "host_ranks": dict(spec.hosts).get(host, 0),
+        "cpu_share": [share[1], share[0].ranks] if share is not None else None,
         "rpc": spec.rpc, "rpc_init": rendezvous["rpc"], "rpc_timeout": spec.rpc_timeout,
         "rpc_threads": 16,
         "process_group": gpu.backend if gpu is not None else spec.group_backend,

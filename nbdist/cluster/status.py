@@ -12,6 +12,7 @@ if the notebook initialised CUDA itself) join the row, and the GPU's utilisation
 
 from __future__ import annotations
 
+import html
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -177,6 +178,7 @@ class HostTable:
     """``%dist_status --hosts``: one row per host of the world."""
 
     rows: list[dict]
+    note: str = ""  # a line above the table (the scheduler's job, its state, time left)
 
     COLUMNS = ("host", "agent pid", "ranks", "state", "load", "free MB")
 
@@ -185,16 +187,19 @@ class HostTable:
                 _num(row["load"], ".2f"), _num(row["free_mb"], ".0f")]
 
     def __str__(self) -> str:
-        return text_table(self.COLUMNS, [self._cells(r) for r in self.rows])
+        table = text_table(self.COLUMNS, [self._cells(r) for r in self.rows])
+        return f"{self.note}\n{table}" if self.note else table
 
     __repr__ = __str__
 
     def _repr_html_(self) -> str:
-        return html_table("nbdist-hosts", self.COLUMNS, [self._cells(r) for r in self.rows])
+        table = html_table("nbdist-hosts", self.COLUMNS, [self._cells(r) for r in self.rows])
+        return f"<p>{html.escape(self.note)}</p>{table}" if self.note else table
 
 
-def host_status(cluster: Any, agents: dict[str, Any]) -> HostTable:
-    """One row per host in ``cluster``'s spec, from its agent (``proc.hosts.HostAgent``)."""
+def host_status(cluster: Any, agents: dict[str, Any], note: str = "") -> HostTable:
+    """One row per host in ``cluster``'s spec, from its agent (``proc.hosts.HostAgent``);
+    ``note`` goes above the table."""
     rows = []
     for host, _ in cluster.spec.hosts:
         agent = agents.get(host)
@@ -206,4 +211,4 @@ def host_status(cluster: Any, agents: dict[str, Any]) -> HostTable:
                      "ranks": ",".join(ranks), "state": state,
                      "load": beat.load if beat else None,
                      "free_mb": beat.mem_mb if beat else None})
-    return HostTable(rows)
+    return HostTable(rows, note)

@@ -33,6 +33,7 @@ from ..proc.protocol import Rejoin, Stop
 from ..proc.runtime import pid_alive
 from ..spec import WorldSpec
 from ..telemetry import records, tracing
+from . import allocation
 from .cells import Cells
 from .followup import FollowUps
 from .ranks import ClusterState, RankInfo
@@ -72,6 +73,7 @@ class World:
         self.key = os.urandom(32)  # authenticates control connections and the store
         self.gpu: devices.Setup | None = None  # set by check()
         self.why_no_rpc = ""  # no_rpc.FLAG or BUILD in a world without RPC
+        self._told_end = False  # the end of the world's allocation was reported
 
     @property
     def running(self) -> bool:
@@ -94,7 +96,7 @@ class World:
         flags cannot be met here)."""
         has_cuda, count = cuda.visible()
         return devices.setup(spec.gpus, spec.group_backend, spec.device_maps, names,
-                             spec.n + 1, count, has_cuda)
+                             spec.n + 1, count, has_cuda, allocation.remote_devices(spec))
 
     def start(self, quiet: bool) -> None:
         """Start every rank and join them as rank 0; on any failure, tear down and raise."""
@@ -201,9 +203,11 @@ class World:
             self.listener = Listener(os.path.join(self.world_dir, f"ctl-{self.epoch}"),
                                      self.key)
         template.on_exit = self.on_exit
+        shares = allocation.rank_shares(spec)
         configs = [worker_config(spec, self.names, r, self.world_dir, self.listener.path,
                                  self.key, self.epoch, store=store_address,
-                                 ifname=iface.name if iface else "lo", gpu=self.gpu)
+                                 ifname=iface.name if iface else "lo", gpu=self.gpu,
+                                 share=shares.get(r))
                    for r in range(1, spec.world_size)]
         for cfg in configs:
             if cfg["rank"] in kept:
@@ -261,7 +265,15 @@ class World:
             agent.on_exit = functools.partial(self.on_exit, host=agent.host)
             agent.on_lost = self.on_host_lost
             self.agents[agent.host] = agent
-        start_agents(agents, SESSION.agent_key, watch.deadline)
+        try:
+            start_agents(agents, SESSION.agent_key, watch.deadline)
+        except (StartError, DistTimeoutError) as exc:
+            if not self.spec.slurm:
+                raise
+            raise type(exc)(f"{exc}\n(--slurm: the agents connect back to {iface.address} on "
+                            f"{iface.name}; where the nodes cannot reach that address, give "
+                            "--iface with this machine's interface or address they reach)"
+                            ) from None
         if not SESSION.warned_data_plane:
             SESSION.warned_data_plane = True
             Router.write("stderr", f"nbdist: this world's RPC and Gloo ports on {iface.name} "
@@ -285,19 +297,34 @@ class World:
 
     # ------------------------------------------------------------------ worker lives
     def on_host_lost(self, host: str, why: str) -> None:
-        """A host's agent went away or silent (its reader thread): its ranks are gone."""
+        """A host's agent went away or silent (its reader thread): its ranks are gone. When
+        the world's allocation ended, every rank on it is lost, in one line in SLURM's words
+        (asked once the job has finished completing, a few seconds at most)."""
+        lost = self._lose({host}, why)
+        ended = allocation.ended(self.spec) if self.running and self.spec.slurm else None
+        if ended is not None:
+            hosts = sorted({h for h, _ in self.spec.hosts})
+            lost = self._lose(set(hosts), ended, relabel=True)
+            if lost and self.running and not self._told_end:
+                self._told_end = True
+                Router.write("stderr", f"nbdist: {ended}: {_ranks(lost)} on {', '.join(hosts)} "
+                                       "lost; `%dist_restart` asks for a new allocation with "
+                                       "the same options\n")
+        elif lost and self.running:
+            Router.write("stderr", f"nbdist: host {host} lost ({why}): {_ranks(lost)} gone; "
+                                   "`%dist_restart` relaunches it\n")
+
+    def _lose(self, hosts: set[str], why: str, relabel: bool = False) -> list[int]:
+        """Mark the live ranks on ``hosts`` lost for ``why`` (``relabel``: also those lost
+        before, whose reason ``why`` replaces); returns them."""
         lost = []
         with self.cv:
             for info in self.ranks.values():
-                if info.host == host and info.alive:
+                if info.host in hosts and (info.alive or (relabel and info.lost)):
                     info.lost, info.exit_code = why, -signal.SIGKILL
                     lost.append(info.rank)
             self.cv.notify_all()
-        if lost and self.running:
-            Router.write("stderr", f"nbdist: host {host} lost ({why}): rank"
-                                   f"{'s' if len(lost) > 1 else ''} "
-                                   f"{', '.join(map(str, lost))} gone; `%dist_restart` "
-                                   "relaunches it\n")
+        return lost
 
     def on_exit(self, pid: int, code: int, host: str | None = None) -> None:
         """The template (or a host's agent) reaped a worker (called from its reader thread)."""
@@ -448,6 +475,8 @@ def _merge_note(spec: WorldSpec) -> str:
         return ("; a line several ranks print at once shows once, led by their names "
                 "(`--aggregate off`: once per rank)")
     return ""
+def _ranks(ranks: list[int]) -> str:
+    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, sorted(ranks)))}"
 
 
 def _without_rpc(why: str, backend: str | None) -> str:

@@ -59,7 +59,20 @@ def _adapt(config: dict, iface: str) -> dict:
                              and os.path.isdir(p)]
     cwd = config.get("cwd") or ""
     return {**config, "env": env, "path": path, "threads": threads,
+            "affinity": _cpus_of(config.get("cpu_share")),
             "cwd": cwd if os.path.isdir(cwd) else os.path.expanduser("~")}
+
+
+def _cpus_of(share: list | None) -> list[int] | None:
+    """The CPUs of the k-th of n ranks (``share``: [k, n]): its part of the CPUs this agent
+    may use (under SLURM, the CPUs its step holds on the node), as srun binds its tasks;
+    None when there are fewer CPUs than ranks (they share them all)."""
+    if not share or not hasattr(os, "sched_getaffinity"):
+        return None
+    local, ranks = share
+    cpus = sorted(os.sched_getaffinity(0))
+    per = len(cpus) // max(ranks, 1)
+    return cpus[local * per:(local + 1) * per] if per >= 1 else None
 
 
 def _leave(signum: int, frame: object) -> None:

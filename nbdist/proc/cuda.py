@@ -34,6 +34,13 @@ def take(rank: int, name: str, device: str | None) -> None:
         return
     import torch
 
+    if not torch.cuda.is_available():  # planned from a scheduler's allocation, not torch
+        import sys
+
+        print(f"nbdist: rank {rank} ({name}) was given {device} "
+              f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')}) but this "
+              "torch sees no CUDA here; it stays on the CPU", file=sys.stderr)
+        return
     try:
         torch.cuda.set_device(torch.device(device))
     except RuntimeError as exc:

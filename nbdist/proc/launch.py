@@ -179,8 +179,14 @@ class ForkClient:
             try:
                 proc.wait(timeout)
             except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout)
+                # SIGTERM first: a launcher such as srun still queued then cancels its job
+                # (after SIGKILL the job stays queued, starts later and is killed there)
+                proc.terminate()
+                try:
+                    proc.wait(min(timeout, 2.0))
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(timeout)
         if reader is not None:
             reader.join(timeout)  # sees EOF once the template is gone; then the fd is ours
         if conn is not None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import ipaddress
 import socket
 
-__all__ = ["Interface", "interfaces", "name_of_address", "resolve"]
+__all__ = ["Interface", "default_interface", "interfaces", "name_of_address", "resolve"]
 
 
 class Interface(tuple):
@@ -46,6 +46,21 @@ def name_of_address(address: str) -> str | None:
     for itf in interfaces():
         if itf.address == address:
             return itf.name
+    return None
+
+
+def default_interface() -> Interface | None:
+    """The interface of this host's default route (``/proc/net/route``), with its address;
+    None where there is no default route or it has no IPv4 address."""
+    try:
+        with open("/proc/net/route") as f:
+            rows = [line.split() for line in f.readlines()[1:]]
+    except OSError:
+        return None
+    names = [r[0] for r in rows if len(r) > 2 and r[1] == "00000000"]
+    for itf in interfaces():
+        if names and itf.name == names[0]:
+            return itf
     return None
 
 

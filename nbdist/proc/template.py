@@ -158,6 +158,8 @@ def _fork_worker(chan: Channel, config: dict) -> int:
         return pid
     try:
         chan.sock.close()
+        if config.get("affinity"):  # its share of the host's CPUs (proc.agent)
+            os.sched_setaffinity(0, config["affinity"])
         from .worker import run_forked
 
         run_forked(config)
