@@ -234,3 +234,15 @@ def test_cuda_tensors_keep_tensorpipe(world):
     back = rpc.rpc_sync("worker1", echo, args=(x,))
     assert back.is_cuda and torch.equal(back, x)
     assert shm.usage()["sent"] == before
+
+
+def test_status_shows_the_arenas(world):
+    c = world(1)
+    x = torch.randn(4 * MB)
+    held = rpc.rpc_sync("worker1", echo, args=(x,))  # worker1's slot is held here
+    table = c.status()
+    assert table.columns[-1] == "shm MB used/faulted"
+    rows = {r["rank"]: r for r in table.rows}
+    assert rows[1]["shm"]["used"] >= x.nbytes and rows[0]["shm"]["faulted"] >= x.nbytes
+    assert "16 / 16" in str(table)
+    del held
