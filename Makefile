@@ -57,6 +57,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/multihost.py
 	$(BIN)/python bench/spmd.py
 	$(BIN)/python bench/gpu.py
+	$(BIN)/python bench/ps_shm.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check nbdist tests bench

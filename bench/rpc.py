@@ -442,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
         "rounds": rounds, "thread_states_kept": not args.unpinned,
     }
     res["rpc"] = rpc_rounds(quick, rounds)
-    if not args.no_large:
+    if not (args.no_large or args.unpinned):
         res["large"] = large_rounds(quick, max(rounds - 2, 1) if not args.smoke else 1)
         res["large_load"] = round(os.getloadavg()[0], 1)
     res["load_1min"] = round(os.getloadavg()[0], 1)  # 2 cores: above ~2, others ran too

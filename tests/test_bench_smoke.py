@@ -40,6 +40,7 @@ SCRIPTS = {
     "multihost.py": ["multihost.json", "multihost.md"],
     "spmd.py": ["spmd.json", "spmd.md"],
     "gpu.py": ["gpu.json", "gpu.md"],
+    "ps_shm.py": ["ps_shm.json", "ps_shm.md"],
 }
 #: Not run by the smoke test: the same code as another entry, one switch apart.
 SAME_AS = {"rpc.py --unpinned": "rpc.py"}
