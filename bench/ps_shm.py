@@ -170,7 +170,7 @@ def one_world(name: str, shm_on: bool, steps: int, scale: float) -> list[float]:
         ps = BatchUpdateParameterServer(make(scale), trainers, 0.01)
         ps_rref = rpc.RRef(ps)
         remote = [rpc.remote(n, Trainer, args=(shape, i)) for i, n in enumerate(c.names[1:])]
-        futs = [t.rpc_async().train(ps_rref, steps + 1) for t in remote]
+        futs = [t.rpc_async(timeout=0).train(ps_rref, steps + 1) for t in remote]
         per = [fut.wait()[1:] for fut in futs]
         del remote, ps_rref, futs
         return [statistics.median(step) for step in zip(*per, strict=True)]
