@@ -78,6 +78,12 @@ def shape_classes(dtype: torch.dtype) -> list[torch.Tensor]:
             make(dtype, (1,)).expand(n)]  # a zero stride
 
 
+@pytest.fixture(autouse=True)
+def path_on(monkeypatch):
+    """These tests are about the path: on, even in a suite run with ``NBDIST_SHM=0``."""
+    monkeypatch.setenv("NBDIST_SHM", "1")
+
+
 @pytest.fixture
 def two(world):
     return world(2)
