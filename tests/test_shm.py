@@ -252,3 +252,28 @@ def test_status_shows_the_arenas(world):
     assert rows[1]["shm"]["used"] >= x.nbytes and rows[0]["shm"]["faulted"] >= x.nbytes
     assert "16 / 16" in str(table)
     del held
+
+
+def _all_shm_links() -> list[str]:
+    pids = [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()]
+    return _shm_links(pids)
+
+
+@pytest.mark.slow
+@pytest.mark.kernel
+def test_nothing_left_after_a_killed_kernel(kernel):
+    from conftest import wait_gone
+
+    dev_shm = set(os.listdir("/dev/shm"))
+    rep = kernel.execute("%load_ext nbdist\n%dist_start 2\nimport nbdist, torch\n"
+                         "import torch.distributed.rpc as rpc\n"
+                         "def keep(x):\n    global kept\n    kept = x\n    return x\n"
+                         "held = rpc.rpc_sync('worker1', keep, args=(torch.ones(1 << 20),))\n"
+                         "held2 = rpc.rpc_sync('worker2', keep, args=(held,))", timeout=120)
+    assert rep.status == "ok", rep
+    workers = kernel.value("nbdist.current().worker_pids()")
+    assert _shm_links([kernel.pid, *workers])
+    os.kill(kernel.pid, signal.SIGKILL)
+    assert wait_gone(workers, 30.0) == []
+    wait_until(lambda: not _all_shm_links(), 10, "no process to hold an arena")
+    assert set(os.listdir("/dev/shm")) <= dev_shm
