@@ -80,8 +80,10 @@ def shape_classes(dtype: torch.dtype) -> list[torch.Tensor]:
 
 @pytest.fixture(autouse=True)
 def path_on(monkeypatch):
-    """These tests are about the path: on, even in a suite run with ``NBDIST_SHM=0``."""
+    """These tests are about the path: on, even in a suite run with ``NBDIST_SHM=0``, and
+    from 1 MB (their tensors are sized for that)."""
     monkeypatch.setenv("NBDIST_SHM", "1")
+    monkeypatch.setenv("NBDIST_SHM_MIN_KB", "1024")
 
 
 @pytest.fixture
