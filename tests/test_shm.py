@@ -279,3 +279,16 @@ def test_nothing_left_after_a_killed_kernel(kernel):
     assert wait_gone(workers, 30.0) == []
     wait_until(lambda: not _all_shm_links(), 10, "no process to hold an arena")
     assert set(os.listdir("/dev/shm")) <= dev_shm
+
+
+def kept_sum():
+    return [float(t.sum()) for t in _kept]
+
+
+def test_a_kept_worker_keeps_received_tensors_across_a_keep_restart(world):
+    c = world(2)
+    x = torch.ones(MB)
+    rpc.rpc_sync("worker1", keep, args=(x,))  # over rank 0's arena of the old world
+    c.restart(keep=True)
+    assert rpc.rpc_sync("worker1", kept_sum) == [float(MB)]
+    assert torch.equal(rpc.rpc_sync("worker1", echo, args=(x * 2,)), x * 2)  # the new arenas
