@@ -292,3 +292,18 @@ def test_a_kept_worker_keeps_received_tensors_across_a_keep_restart(world):
     c.restart(keep=True)
     assert rpc.rpc_sync("worker1", kept_sum) == [float(MB)]
     assert torch.equal(rpc.rpc_sync("worker1", echo, args=(x * 2,)), x * 2)  # the new arenas
+
+
+def test_bounded_what_does_not_fit_goes_the_ordinary_way(world, monkeypatch):
+    monkeypatch.setenv("NBDIST_SHM_MB", "8")
+    world(1)
+    small, big = torch.randn(MB), torch.randn(4 * MB)  # 4 MB and 16 MB
+    before = rpc.rpc_sync("worker1", usage)
+    assert rpc.rpc_sync("worker1", keep, args=(small,)) >= 1  # held there: 4 of 8 MB in use
+    assert rpc.rpc_sync("worker1", keep, args=(small,)) >= 2  # more than half: copied out
+    mid = rpc.rpc_sync("worker1", usage)
+    assert mid["zero_copy"] - before["zero_copy"] == 1 and mid["copied"] - before["copied"] == 1
+    mine = shm.usage()
+    assert torch.equal(rpc.rpc_sync("worker1", echo, args=(big,)), big)  # 16 MB: over the size
+    assert shm.usage()["fallback"] == mine["fallback"] + 1
+    assert shm.usage()["faulted"] <= 8 * MB
