@@ -114,6 +114,7 @@ class Arena:
         self.faulted = 0  # bytes of slots faulted in (committed memory)
         self._lock = threading.Lock()
         self.closed = False
+        self._writers = 0  # allocs whose bytes are being written (close waits for them)
 
     def alloc(self, nbytes: int) -> tuple[int, int, int] | None:
         cap = -(-max(nbytes, 1) // ALIGN) * ALIGN
@@ -134,7 +135,17 @@ class Arena:
             w[_SLOT0 + 2 * slot] = SENT
             self._slots[slot][2] = time.monotonic()
             self._publish_used()
+            self._writers += 1
             return slot, offset, gen
+
+    def written(self) -> None:
+        """The bytes of an ``alloc`` are written (or abandoned): a ``close`` meanwhile unmaps
+        only now, so a send in another thread never writes into unmapped memory."""
+        with self._lock:
+            self._writers -= 1
+            last = self.closed and self._writers == 0
+        if last:
+            _libc.munmap(self.addr, self.length)
 
     def _fit(self, cap: int) -> int | None:
         """The smallest free slot that holds ``cap`` bytes (at most 4x larger), else a new
@@ -187,10 +198,9 @@ class Arena:
                     "slots": len(self._slots)}
 
     def release(self, slot: int) -> None:
-        """The owner gives back a slot it allocated but did not send."""
+        """The owner gives back a slot it allocated but did not send (before ``written``)."""
         with self._lock:
-            if not self.closed:
-                self.words.set_state(slot, FREE)
+            self.words.set_state(slot, FREE)
 
     def close(self) -> None:
         """Close the descriptor and unmap (peers keep their own mappings)."""
@@ -199,6 +209,8 @@ class Arena:
                 return
             self.closed = True
             os.close(self.fd)
+            if self._writers:
+                return  # the last ``written`` unmaps
             _libc.munmap(self.addr, self.length)
 
 
@@ -253,11 +265,25 @@ class PeerArena:
                 self._faulted.clear()
             self._faulted.add(key)
 
-    def hold(self, slot: int) -> None:
-        """Claim the slot for this process (until ``give_back``)."""
+    def pin(self) -> bool:
+        """Keep the mapping while a message is read (False: it is gone already)."""
         with self._lock:
+            if not self.addr:
+                return False
             self.live += 1
-            self.words.set_state(slot, os.getpid())
+            return True
+
+    def unpin(self) -> None:
+        """A pinned read that claimed nothing is over."""
+        with self._lock:
+            self.live -= 1
+            last = self.retired and self.live == 0
+        if last:
+            self._unmap()
+
+    def hold(self, slot: int) -> None:
+        """Claim the slot for this process (pinned: until ``give_back``)."""
+        self.words.set_state(slot, os.getpid())
 
     def give_back(self, slot: int) -> None:
         """Free the slot (the owner may reuse it); unmap once retired and nothing is held."""

@@ -268,6 +268,8 @@ def _seal(tensors: list, send_tables: list) -> Any:
         except BaseException:
             arena.release(slot)
             raise
+        finally:
+            arena.written()
         entries = []
         for t, key in zip(tensors, spans, strict=True):
             gi, _ = layout[key]
@@ -302,6 +304,7 @@ def _receive(desc_index: int, k: int) -> Any:
 
 
 def _peer(pid: int, fd: int, token: int, length: int) -> PeerArena:
+    """The sender's arena mapped here, pinned (a world closing meanwhile keeps it mapped)."""
     key = (pid, token)
     with _lock:
         peer = _peers.get(key)
@@ -311,6 +314,8 @@ def _peer(pid: int, fd: int, token: int, length: int) -> PeerArena:
                 _peers[key] = peer
             else:
                 peer.retired = True
+        if not peer.pin():
+            raise RuntimeError(f"nbdist shm: process {pid}'s arena is no longer mapped here")
         return peer
 
 
@@ -338,7 +343,11 @@ def _decode(data: bytes, recv: list) -> list:
         return [recv[i] for i in desc[1]]
     _, pid, fd, token, length, slot, gen, offset, groups, entries = desc
     peer = _peer(pid, fd, token, length)
-    peer.check(slot, gen)
+    try:
+        peer.check(slot, gen)
+    except BaseException:
+        peer.unpin()
+        raise
     peer.hold(slot)
     try:
         zero_copy = not peer.half_full()
