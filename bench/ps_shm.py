@@ -219,6 +219,10 @@ def render(res: dict) -> str:
              f"{res['steps']} steps each after one warm-up, a fresh world per run; 1-min load "
              f"average {res['load_1min']} at the end (2 cores shared with other jobs: the "
              "figures are noisy, read the ratio). `python bench/ps_shm.py`.", "",
+             "On this loaded machine the second world of an off/on pair often ran slower "
+             "whichever it was (a separate check of DigitsNet, 20 steps, off-on-on-off: "
+             "11, 62, 11, 59 ms per step): small-step rows are dominated by that order "
+             "effect, hence the flipped order and the several rounds.", "",
              "| workload | `NBDIST_SHM=0` s/step (median, best) | `NBDIST_SHM=1` s/step "
              "(median, best) | off / on (medians) |", "|---|---|---|---|"]
     for name, d in res["step_s"].items():
