@@ -59,6 +59,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/gpu.py
 	$(BIN)/python bench/output.py
 	$(BIN)/python bench/slurm.py
+	$(BIN)/python bench/ps_shm.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check nbdist tests bench

@@ -9,7 +9,10 @@ from typing import Any
 import torch
 import torch.distributed.rpc as rpc
 
-__all__ = ["KINDS", "PAYLOADS", "measure", "tensor"]
+__all__ = ["KINDS", "LARGE", "LARGE_KINDS", "copy_floor", "measure", "measure_large", "tensor"]
+
+LARGE = {"16 MB": 16 << 20, "64 MB": 64 << 20, "256 MB": 256 << 20}
+LARGE_KINDS = ("echo", "argument", "result")  # there and back; only sent; only returned
 
 PAYLOADS = {"16 B": 16, "64 KB": 64 << 10, "1 MB": 1 << 20, "16 MB": 16 << 20,
             "64 MB": 64 << 20}
@@ -54,4 +57,46 @@ def measure(kind: str, to: str, fn: Any, box: Any, x: torch.Tensor, n: int,
             out.append(perf() - t)
     else:
         raise ValueError(f"unknown kind {kind!r}")
+    return out
+
+
+def measure_large(kind: str, to: str, fns: tuple, x: torch.Tensor, n: int) -> list[float]:
+    """Seconds per ``rpc_sync``: ``echo`` (``x`` there and back), ``argument`` (``x`` sent,
+    its size returned) or ``result`` (the callee returns a tensor as large as ``x`` that it
+    holds); ``fns`` is (echo, nbytes_of, held)."""
+    echo, nbytes_of, held = fns
+    perf = time.perf_counter
+    out: list[float] = []
+    for _ in range(n):
+        if kind == "echo":
+            t = perf()
+            r = rpc.rpc_sync(to, echo, args=(x,))
+        elif kind == "argument":
+            t = perf()
+            r = rpc.rpc_sync(to, nbytes_of, args=(x,))
+        elif kind == "result":
+            t = perf()
+            r = rpc.rpc_sync(to, held, args=(x.nbytes,))
+        else:
+            raise ValueError(f"unknown kind {kind!r}")
+        out.append(perf() - t)
+        del r  # as a loop body that uses the value and drops it
+    return out
+
+
+def copy_floor(x: torch.Tensor, copies: int, n: int) -> list[float]:
+    """Seconds to copy ``x`` ``copies`` times with ``Tensor.copy_`` into memory allocated
+    (and faulted in) beforehand: what moving its bytes costs at the least, in one process."""
+    bufs = [torch.empty_like(x) for _ in range(copies)]
+    for b in bufs:
+        b.copy_(x)
+    perf = time.perf_counter
+    out = []
+    for _ in range(n):
+        t = perf()
+        src = x
+        for b in bufs:
+            b.copy_(src)
+            src = b
+        out.append(perf() - t)
     return out

@@ -3,7 +3,8 @@
 ``python bench/_rpc_plain.py RANK INIT_URL``. Rank 1 serves until shutdown. Rank 0 prints
 ``ready``, then reads lines ``KIND NBYTES N WINDOW`` from stdin and answers each with one JSON
 list of seconds per call (``bench/_rpc_loops.measure``, function and class by reference);
-``quit`` shuts the world down.
+``large KIND NBYTES N`` answers the same for ``_rpc_loops.measure_large``; ``quit`` shuts
+the world down.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 
 import torch  # noqa: E402
 import torch.distributed.rpc as rpc  # noqa: E402
-from _echo import EchoBox, echo  # noqa: E402
-from _rpc_loops import measure, tensor  # noqa: E402
+from _echo import EchoBox, echo, held, nbytes_of  # noqa: E402
+from _rpc_loops import measure, measure_large, tensor  # noqa: E402
 
 
 def main(rank: int, init: str, threads: int) -> None:
@@ -32,6 +33,11 @@ def main(rank: int, init: str, threads: int) -> None:
             cmd = line.split()
             if not cmd or cmd[0] == "quit":
                 break
+            if cmd[0] == "large":  # large KIND NBYTES N
+                lat = measure_large(cmd[1], "plain1", (echo, nbytes_of, held),
+                                    tensor(int(cmd[2])), int(cmd[3]))
+                print(json.dumps(lat), flush=True)
+                continue
             kind, nbytes, n, window = cmd[0], int(cmd[1]), int(cmd[2]), int(cmd[3])
             lat = measure(kind, "plain1", echo, box, tensor(nbytes), n, window)
             print(json.dumps(lat), flush=True)

@@ -47,12 +47,21 @@ import torch.distributed.rpc as rpc
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import _common  # noqa: E402
-from _rpc_loops import KINDS, PAYLOADS, measure, tensor  # noqa: E402
+from _rpc_loops import (  # noqa: E402
+    KINDS,
+    LARGE,
+    LARGE_KINDS,
+    PAYLOADS,
+    copy_floor,
+    measure,
+    measure_large,
+    tensor,
+)
 
 import nbdist  # noqa: E402
 from nbdist.patches import thread_states  # noqa: E402
 
-__all__ = ["NbBox", "main", "nb_echo"]
+__all__ = ["NbBox", "main", "nb_echo", "nb_held", "nb_nbytes_of"]
 
 
 # Defined here, in __main__, like a notebook cell's function and class: nbdist ships them by
@@ -60,6 +69,22 @@ __all__ = ["NbBox", "main", "nb_echo"]
 def nb_echo(x: Any) -> Any:
     """Return ``x``."""
     return x
+
+
+_NB_HELD: dict = {}
+
+
+def nb_nbytes_of(x: Any) -> int:
+    """A tensor's size: what a call that only sends ``x`` gets back."""
+    return x.nbytes
+
+
+def nb_held(nbytes: int) -> Any:
+    """The same tensor of ``nbytes`` bytes on every call (the worker's own ``_NB_HELD``)."""
+    t = _NB_HELD.get(nbytes)
+    if t is None:
+        t = _NB_HELD[nbytes] = torch.ones(max(nbytes // 4, 1))
+    return t
 
 
 class NbBox:
@@ -100,6 +125,12 @@ class Plain:
     def measure(self, kind: str, nbytes: int, n: int, window: int) -> list[float]:
         assert self.driver.stdin is not None and self.driver.stdout is not None
         self.driver.stdin.write(f"{kind} {nbytes} {n} {window}\n")
+        self.driver.stdin.flush()
+        return json.loads(self.driver.stdout.readline())
+
+    def measure_large(self, kind: str, nbytes: int, n: int) -> list[float]:
+        assert self.driver.stdin is not None and self.driver.stdout is not None
+        self.driver.stdin.write(f"large {kind} {nbytes} {n}\n")
         self.driver.stdin.flush()
         return json.loads(self.driver.stdout.readline())
 
@@ -167,6 +198,86 @@ def rpc_rounds(quick: bool | str, rounds: int) -> dict:
                 d["ratio"] = d["nbdist"]["median_us"] / d["plain"]["median_us"]
                 d["ratio_best"] = d["nbdist"]["best_us"] / d["plain"]["best_us"]
     return out
+
+
+def _large_plan(quick: bool | str) -> dict[str, tuple[int, int]]:
+    """payload -> (bytes, calls per block) of the large-tensor table."""
+    if quick == "smoke":
+        return {"2 MB": (2 << 20, 2)}
+    calls = {"16 MB": 12, "64 MB": 6, "256 MB": 3} if not quick else \
+        {"16 MB": 6, "64 MB": 3, "256 MB": 2}
+    return {p: (LARGE[p], calls[p]) for p in LARGE}
+
+
+def large_rounds(quick: bool | str, rounds: int) -> dict:
+    """Large tensors: plain torch vs nbdist (its shared-memory path on) vs the copy floor,
+    interleaved; per payload and kind, seconds per call."""
+    plan = _large_plan(quick)
+    samples: dict[tuple[str, str, str], list[float]] = {}
+    torch.set_num_threads(1)
+    fns = (nb_echo, nb_nbytes_of, nb_held)
+    with tempfile.TemporaryDirectory(prefix="nbdist-bench-large-") as tmp:
+        plain = Plain(tmp)
+        c = nbdist.start(1, threads=1, quiet=True)
+        try:
+            w = "worker1"
+            xs = {p: tensor(nb) for p, (nb, _) in plan.items()}
+            for p, (nb, _) in plan.items():  # warm-up: arenas carved, results cached
+                for kind in LARGE_KINDS:
+                    plain.measure_large(kind, nb, 2)
+                    measure_large(kind, w, fns, xs[p], 2)
+            for r in range(rounds):
+                for p, (nb, n) in plan.items():
+                    for kind in LARGE_KINDS:
+                        sides = ["plain", "nbdist", "floor"]
+                        if r % 2:
+                            sides.reverse()
+                        for side in sides:
+                            if side == "plain":
+                                lat = plain.measure_large(kind, nb, n)
+                            elif side == "nbdist":
+                                lat = measure_large(kind, w, fns, xs[p], n)
+                            else:
+                                lat = copy_floor(xs[p], 2 if kind == "echo" else 1, n)
+                            samples.setdefault((kind, p, side), []).extend(lat)
+                print(f"large round {r + 1}/{rounds} done (load {os.getloadavg()[0]:.1f})",
+                      flush=True)
+        finally:
+            c.stop()
+            plain.stop()
+    out: dict[str, Any] = {}
+    for (kind, p, side), lat in samples.items():
+        moved = plan[p][0] * (2 if kind == "echo" else 1)
+        st = _stats(lat)
+        st["gbps_best"] = moved / (st["best_us"] * 1e-6) / 1e9
+        st["gbps_median"] = moved / (st["median_us"] * 1e-6) / 1e9
+        out.setdefault(kind, {}).setdefault(p, {})[side] = st
+    return out
+
+
+def render_large(large: dict, heading: str = "##", large_run: str = "",
+                 load: float | None = None) -> list[str]:
+    """The large-tensor table: GB/s best and median, nbdist against plain and the floor."""
+    lines = [f"{heading} Large tensors (shared-memory path, `nbdist/patches/shm.py`)", "",
+             "GB/s (bytes moved per second; an echo counts both directions), best of N "
+             "calls and median. Copy floor: the same bytes copied with `Tensor.copy_` into "
+             "memory allocated beforehand, in one process (twice for an echo), same run. "
+             "`argument`: the tensor is sent and its size returned; `result`: the callee "
+             "returns a tensor it holds." + (f" This table: {large_run}." if large_run else "")
+             + (f" 1-min load average {load} at its end (2 cores)." if load else ""), "",
+             "| call | size | plain torch best / median | nbdist best / median | "
+             "copy floor best / median | nbdist / plain (best) | nbdist / floor (best) |",
+             "|---|---|---|---|---|---|---|"]
+    for kind in LARGE_KINDS:
+        for p, d in large.get(kind, {}).items():
+            a, b, f = d["plain"], d["nbdist"], d["floor"]
+            lines.append(
+                f"| {kind} | {p} | {a['gbps_best']:.2f} / {a['gbps_median']:.2f} | "
+                f"{b['gbps_best']:.2f} / {b['gbps_median']:.2f} | "
+                f"{f['gbps_best']:.2f} / {f['gbps_median']:.2f} | "
+                f"**{b['gbps_best'] / a['gbps_best']:.2f}×** | "
+                f"{100 * b['gbps_best'] / f['gbps_best']:.0f} % |")
+    return lines + [""]
 
 
 def ipp_rounds(quick: bool | str) -> dict:
@@ -259,6 +370,9 @@ def render(res: dict, heading: str = "#") -> str:
             lines.append(f"| {p} | {_fmt_us(a)} | {ra} | {_fmt_us(pp)} | {rp} |")
     elif res.get("ipyparallel_error"):
         lines += ["", f"ipyparallel: not measured ({res['ipyparallel_error']})"]
+    if res.get("large"):
+        lines += [""] + render_large(res["large"], heading + "#", res.get("large_run", ""),
+                                     res.get("large_load"))
     return "\n".join(lines) + "\n"
 
 
@@ -282,11 +396,31 @@ def render_all(results: Path = _common.RESULTS) -> str:
     return "\n".join(lines)
 
 
+def _large_only(args: argparse.Namespace, out: Path, quick: bool | str, rounds: int) -> int:
+    """``--large-only``: measure the large-tensor table into this torch's full-run file."""
+    version = torch.__version__.split("+")[0]
+    path = out / f"rpc-torch-{version}-full.json"
+    res = json.loads(path.read_text()) if path.exists() else {
+        "when": "-", "commit": "-", "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+        "torch": torch.__version__, "mode": "full", "rounds": 0, "rpc": {}}
+    res["large"] = large_rounds(quick, rounds)
+    res["large_load"] = round(os.getloadavg()[0], 1)
+    res["large_run"] = (f"measured {datetime.datetime.now().isoformat(timespec='seconds')} "
+                        f"at {_common.measured_commit()}, {rounds} interleaved rounds")
+    path.write_text(json.dumps(res, indent=1))
+    (out / "rpc.md").write_text(render_all(out))
+    print("\n".join(render_large(res["large"])))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="few calls: under 2 minutes")
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--no-ipp", action="store_true", help="skip ipyparallel")
+    ap.add_argument("--no-large", action="store_true", help="skip the large-tensor table")
+    ap.add_argument("--large-only", action="store_true",
+                    help="only the large-tensor table (kept beside the last full run's)")
     ap.add_argument("--unpinned", action="store_true",
                     help="nbdist without keeping torch's RPC thread states (the cost before)")
     _common.add_arguments(ap)
@@ -297,6 +431,8 @@ def main(argv: list[str] | None = None) -> int:
         os.environ[thread_states.ENV] = "0"
     out = _common.out_dir(args)
     t0 = time.monotonic()
+    if args.large_only:
+        return _large_only(args, out, quick, rounds)
     res: dict[str, Any] = {
         "when": datetime.datetime.now().isoformat(timespec="seconds"),
         "commit": _common.measured_commit(),
@@ -306,6 +442,9 @@ def main(argv: list[str] | None = None) -> int:
         "rounds": rounds, "thread_states_kept": not args.unpinned,
     }
     res["rpc"] = rpc_rounds(quick, rounds)
+    if not (args.no_large or args.unpinned):
+        res["large"] = large_rounds(quick, max(rounds - 2, 1) if not args.smoke else 1)
+        res["large_load"] = round(os.getloadavg()[0], 1)
     res["load_1min"] = round(os.getloadavg()[0], 1)  # 2 cores: above ~2, others ran too
     if not (args.no_ipp or args.smoke):  # ipyparallel's start alone takes longer than a smoke
         try:

@@ -19,7 +19,7 @@ from typing import Any
 
 from ..devices import Setup
 from ..errors import DistTimeoutError, StartError, WorkerDiedError
-from ..patches import quiet, rpc_hooks, rref_reset, shipping, thread_states, tp_address
+from ..patches import quiet, rpc_hooks, rref_reset, shipping, shm, thread_states, tp_address
 from ..patches.torch_private import report_once, usable
 from ..proc import nccl
 from ..proc.channel import HandshakeError, Listener
@@ -86,6 +86,7 @@ def worker_config(spec: WorldSpec, names: list[str], rank: int, world_dir: str,
         "pg_init": rendezvous["pg"], "pg_timeout": spec.rpc_timeout,
         "start_timeout": spec.start_timeout, "epoch": epoch, "store": store,
         "arrivals": None if store else arrival_file(world_dir, epoch), "arrived": ARRIVED,
+        "shm": shm.world_config(spec.placement(), names, rank) if spec.rpc else None,
     }
 
 
@@ -102,7 +103,7 @@ def arrival_file(world_dir: str, epoch: int) -> str:
 #: the rest (environment, paths, threads, as its host adapted them) stays as it started.
 REJOIN_KEYS = ("name", "world_size", "socket", "authkey", "rpc", "rpc_init", "rpc_timeout",
                "process_group", "pg_init", "pg_timeout", "start_timeout", "epoch", "store",
-               "device", "device_maps", "arrivals", "arrived")
+               "device", "device_maps", "arrivals", "arrived", "shm")
 
 
 def rejoin_config(config: dict) -> dict:
@@ -271,6 +272,7 @@ class Rank0:
             if usable("rpc_timeout"):
                 rpc._set_rpc_timeout(spec.rpc_timeout)
             shipping.register_patched("torch.distributed.rpc", "torch.distributed.rpc.api")
+            shm.open_world(shm.world_config(spec.placement(), self.names, 0))
             if self.backend:
                 self._join_group(init["pg"], watch)
 
@@ -355,6 +357,7 @@ class Rank0:
             nccl.leave_group()
             self.pg_up = False
             sys.excepthook = self._excepthook  # else each world adds one more "[rank0]:"
+        shm.close_world()
         if self.rpc_up:
             try:
                 rpc.shutdown(graceful=False)

@@ -7,7 +7,8 @@ The warm template process outlives worlds, so it gets a row too (rank ``-``, nam
 ``template``) when its pid is passed to ``collect_status``. In a world on GPUs each rank's
 device and torch's memory on it (allocated / reserved, asked of the rank by RPC; rank 0's only
 if the notebook initialised CUDA itself) join the row, and the GPU's utilisation where NVML
-(``pynvml``) is installed.
+(``pynvml``) is installed. Where large tensors travel through shared memory (``patches/shm``)
+each local rank's arena shows as MB in use / faulted in (asked of the rank by RPC).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ class StatusTable:
     rows: list[dict]
     with_host: bool = False
     with_gpu: bool = False
+    with_shm: bool = False
 
     COLUMNS = ("rank", "name", "pid", "state", "cpu %", "mem MB", "uptime s")
     GPU_COLUMNS = ("gpu", "gpu MB alloc/res", "gpu util %")
@@ -59,7 +61,8 @@ class StatusTable:
         cols = self.COLUMNS
         if self.with_host:
             cols = (*cols[:2], "host", *cols[2:])
-        return (*cols, *self.GPU_COLUMNS) if self.with_gpu else cols
+        cols = (*cols, *self.GPU_COLUMNS) if self.with_gpu else cols
+        return (*cols, "shm MB used/faulted") if self.with_shm else cols
 
     def _cells(self, row: dict) -> list[str]:
         cells = [str(row["rank"]), row["name"], str(row["pid"] or "-"), row["state"],
@@ -72,6 +75,10 @@ class StatusTable:
             cells += [row.get("device") or "-",
                       "-" if mem is None else f"{mem[0]:.0f} / {mem[1]:.0f}",
                       _num(row.get("gpu_util"), ".0f")]
+        if self.with_shm:
+            u = row.get("shm")
+            cells.append("-" if not u else f"{u['used'] / 2**20:.0f} / "
+                                           f"{u['faulted'] / 2**20:.0f}")
         return cells
 
     def __str__(self) -> str:
@@ -136,8 +143,10 @@ def collect_status(cluster: Any, template_pid: int | None = None,
     with_gpu = any(getattr(cluster.ranks[r], "device", None) for r in cluster.ranks)
     if with_gpu:
         _gpu_columns(cluster, rows)
+    with_shm = cluster.running and getattr(cluster.spec, "rpc", False) and \
+        _shm_column(cluster, rows)
     return StatusTable(rows, with_host=bool(getattr(cluster.spec, "hosts", ())),
-                       with_gpu=with_gpu)
+                       with_gpu=with_gpu, with_shm=with_shm)
 
 
 def _gpu_columns(cluster: Any, rows: list[dict], timeout: float = 2.0) -> None:
@@ -145,7 +154,7 @@ def _gpu_columns(cluster: Any, rows: list[dict], timeout: float = 2.0) -> None:
     utilisation (NVML, if installed)."""
     from ..proc import cuda
 
-    asked = {}
+    wanted = []
     for row in rows:
         info = cluster.ranks.get(row["rank"]) if row["rank"] != TEMPLATE_RANK else None
         dev = getattr(info, "device", None)
@@ -153,24 +162,45 @@ def _gpu_columns(cluster: Any, rows: list[dict], timeout: float = 2.0) -> None:
         if dev is None or not row["alive"]:
             continue
         row["gpu_util"] = cuda.utilisation(int(dev.split(":")[1]))
-        if row["rank"] == 0:
-            row["gpu_mb"] = cuda.memory(dev)
-        else:
-            try:
-                import torch.distributed.rpc as rpc
+        wanted.append((row, info.name, (dev,)))
+    _ask(wanted, cuda.memory, "gpu_mb", timeout)
 
-                asked[id(row)] = (row, rpc.rpc_async(info.name, cuda.memory, args=(dev,),
-                                                     timeout=timeout))
-            except Exception:  # noqa: BLE001 - a status column, never an error
-                pass
+
+def _shm_column(cluster: Any, rows: list[dict], timeout: float = 2.0) -> bool:
+    """Each local rank's shared-memory arena in use / faulted in (MB); False when the path
+    is off in this world."""
+    from ..patches import shm
+
+    if shm.usage() is None:
+        return False
+    wanted = [(row, cluster.ranks[row["rank"]].name, ()) for row in rows
+              if row["rank"] != TEMPLATE_RANK and row["alive"] and not row.get("host")]
+    _ask(wanted, shm.usage, "shm", timeout)
+    return True
+
+
+def _ask(wanted: list[tuple[dict, str, tuple]], fn: Any, key: str, timeout: float) -> None:
+    """``row[key] = fn(*args)`` on each row's rank: here for rank 0, by RPC for the others
+    (all at once, each bounded by ``timeout``); None where a rank does not answer."""
+    asked = []
+    for row, name, args in wanted:
+        if row["rank"] == 0:
+            row[key] = fn(*args)
+            continue
+        try:
+            import torch.distributed.rpc as rpc
+
+            asked.append((row, rpc.rpc_async(name, fn, args=args, timeout=timeout)))
+        except Exception:  # noqa: BLE001 - a status column, never an error
+            row[key] = None
     deadline = time.monotonic() + timeout
-    for row, fut in asked.values():
+    for row, fut in asked:
         while not fut.done() and time.monotonic() < deadline:
             time.sleep(0.005)
         try:
-            row["gpu_mb"] = fut.value() if fut.done() else None
+            row[key] = fut.value() if fut.done() else None
         except Exception:  # noqa: BLE001
-            row["gpu_mb"] = None
+            row[key] = None
 
 
 @dataclass

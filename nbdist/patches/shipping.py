@@ -49,7 +49,7 @@ from typing import Any
 
 import cloudpickle
 
-from . import culprit, fresh, mirror, torch_private, twins
+from . import culprit, fresh, mirror, shm, torch_private, twins
 from .code_filename import reduce_code
 
 __all__ = ["CODE_WAIT", "dumps", "forget_peers", "install", "installed", "register_patched"]
@@ -482,10 +482,12 @@ def _dispatch_table(owner: Any) -> dict:
     n = len(owner._class_reducer_dict)
     if _table_cache[0] is owner and _table_cache[2] == n:
         return _table_cache[1]
+    import torch
     import torch.distributed as dist
 
     table = dict(ShippingPickler.dispatch_table)  # cloudpickle's, with code keeping its name
     table.update(owner._dispatch_table)
+    table[torch.Tensor] = shm.tensor_reducer(owner._dispatch_table[torch.Tensor])
     table[dist.rpc.PyRRef] = owner._py_rref_reducer
     table[dist.rpc.RRef] = owner._rref_reducer
     table[types.MethodType] = _reduce_method
@@ -522,6 +524,8 @@ def _serialize(self: Any, obj: Any) -> tuple[bytes, list]:
         dest, direct = None, frozenset()
     tls.dest = None
     f = io.BytesIO()
+    outer = shm.begin(dest)  # large tensors to a rank on this host: through shared memory
+    tensors = None
     try:
         pickler = _rpc_pickler(self, f, obj, dest, direct)
         try:
@@ -530,10 +534,13 @@ def _serialize(self: Any, obj: Any) -> tuple[bytes, list]:
             raise _explain_unpicklable(self, obj, exc, dest) from exc
         tensors = tables.send_tables
     finally:
-        if old is not None:
-            tables.send_tables = old
-        else:
-            del tables.send_tables
+        try:
+            shm.end(outer, tensors)  # copies them into the arena, or restores on failure
+        finally:
+            if old is not None:
+                tables.send_tables = old
+            else:
+                del tables.send_tables
     if pickler.new_codes or pickler.new_values:
         tls.pending = (dest, pickler.new_codes, pickler.new_values)
     return f.getvalue(), tensors
@@ -630,6 +637,7 @@ def install() -> None:
     _ScriptModule = torch.jit.ScriptModule
     _PythonUDF = internal.PythonUDF
     _thread_tables = internal._thread_local_tensor_tables
+    shm.use_tables(_thread_tables)
     pickler = internal._internal_rpc_pickler
     pickler.serialize = types.MethodType(_serialize, pickler)
     api._to_worker_info = _wrap_to_worker_info(api._to_worker_info)

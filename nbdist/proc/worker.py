@@ -20,7 +20,7 @@ from datetime import timedelta
 from typing import Any
 
 from ..errors import safe_str
-from ..patches import quiet, rpc_hooks, shipping, thread_states
+from ..patches import quiet, rpc_hooks, shipping, shm, thread_states
 from . import cuda, nccl, shell
 from .channel import Channel, ChannelBlocked, connect
 from .debugger import Debugger
@@ -247,6 +247,7 @@ def _join_world(cfg: dict) -> None:
 
     rref_reset.start_ids_at(cfg["epoch"])  # RRef ids unlike any of an earlier world
     shipping.register_patched("torch.distributed.rpc", "torch.distributed.rpc.api")
+    shm.open_world(cfg.get("shm"))
     if cfg.get("process_group"):
         dist.init_process_group(cfg["process_group"], init_method=cfg["pg_init"], rank=_rank,
                                 world_size=cfg["world_size"],
@@ -263,6 +264,7 @@ def _leave_world() -> None:
     from ..patches import rref_reset
 
     rpc_hooks.interrupt_rpc_threads()  # a function still running would hold up the shutdown
+    shm.close_world()
     nccl.leave_group()
     try:
         rpc.shutdown(graceful=False)
