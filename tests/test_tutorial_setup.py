@@ -117,6 +117,19 @@ def test_the_tutorial_demo_runs_again_and_again_with_equal_weights(ipython, caps
     assert "no port is opened" in capsys.readouterr().err
 
 
+def test_a_function_run_on_every_rank_over_rpc_joins_a_group(ipython):
+    ipython.run_line_magic("dist_start", "2")
+    assert ipython.run_cell(TUTORIAL).success  # demo_basic lives in this "notebook" only
+    code = ("import torch.distributed.rpc as rpc\n"
+            "futs = [rpc.rpc_async(f'worker{r}', demo_basic, args=(r, 3)) for r in (1, 2)]\n"
+            "here = demo_basic(0, 3)\n"
+            "there = [f.wait() for f in futs]")
+    for _ in range(2):  # and again
+        assert ipython.run_cell(code).success
+        assert ipython.user_ns["there"] == [ipython.user_ns["here"]] * 2
+    assert not dist.is_initialized()
+
+
 @pytest.mark.parametrize("flags", ["--process-group gloo", "--no-rpc"])
 def test_a_world_with_its_own_group_takes_the_call_and_keeps_its_group(ipython, capsys,
                                                                        flags):
