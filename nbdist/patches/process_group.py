@@ -170,6 +170,8 @@ def init_process_group(*args: Any, **kwargs: Any) -> None:
             and dist.group.WORLD is _State.own_group:
         _borrow(member, a["backend"], size)
         return None
+    if dist.is_initialized():  # the user's own group, still up: torch's "twice" error
+        return _State.torch_init(**a)
     graveyard.release()
     gen = _State.generations.get(size, 0) + 1
     if _State.base is None:
