@@ -115,6 +115,13 @@ def test_the_tutorial_demo_runs_again_and_again_with_equal_weights(ipython, caps
         assert c.run("w", show=False)[1] == repr(ipython.user_ns["w"])
     assert c.run("x = torch.ones(1)\nx", show=False)  # the world goes on
     assert "no port is opened" in capsys.readouterr().err
+    # a group left open is ended by a keep-restart; the kept worker joins the next demo
+    _local(ipython, f"dist.init_process_group('gloo', rank={RANK}, world_size=2)")
+    c.restart(1, keep=True, quiet=True)
+    assert not dist.is_initialized() and c.run("dist.is_initialized()", show=False) == {
+        1: "False"}
+    _local(ipython, f"w = demo_basic({RANK}, 2)")
+    assert c.run("w", show=False)[1] == repr(ipython.user_ns["w"])
 
 
 def test_a_function_run_on_every_rank_over_rpc_joins_a_group(ipython):
