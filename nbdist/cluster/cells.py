@@ -119,6 +119,11 @@ class Cells:
                 self._results.pop(exec_id, None)
                 self._finished.pop(exec_id, None)
 
+    def pending(self, exec_id: int, targets: list[int]) -> list[int]:
+        """The targets that may still answer cell ``exec_id`` (a look; nothing is waited for)."""
+        with self.cv:
+            return self._pending(exec_id, targets)
+
     def _pending(self, exec_id: int, targets: list[int]) -> list[int]:
         got = self._results.get(exec_id, {})
         sent = self._sent.get(exec_id, {})
