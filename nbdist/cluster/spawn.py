@@ -2,7 +2,8 @@
 
 The world decides, the patch (``patches.spawn``) asks: ``take`` runs the call here unless
 torch's own spawn would work (no world is running, and ``fn`` and ``args`` reach a fresh
-interpreter by reference: not a notebook's ``__main__``), then returns ``DECLINE``.
+interpreter by reference, not from a notebook's ``__main__``; or ``start_processes`` forks),
+then returns ``DECLINE``.
 
 Otherwise the notebook is process 0 and worker rank i is process i, as in ``%%dist --local``:
 the workers get a cell running ``fn(i, *args)`` (``proc.spawned``), then the notebook runs
@@ -56,8 +57,8 @@ def take(fn: Callable, args: tuple, nprocs: int, join: bool, daemon: bool,
     if os.environ.get("NBDIST_RANK") is not None or nprocs < 1:
         return patch.DECLINE  # on a worker, or nothing to start: torch's own
     cluster = core.current()
-    if cluster is None and _plain_spawn_works(fn, args):
-        return patch.DECLINE
+    if cluster is None and (start_method == "fork" or _plain_spawn_works(fn, args)):
+        return patch.DECLINE  # a forked child has the notebook's __main__: torch's own works
     cluster = _world_of(cluster, nprocs, getattr(fn, "__qualname__", repr(fn)))
     run = _Spawn(cluster, fn, args, nprocs)
     if not join:
