@@ -9,12 +9,12 @@ where it would work (an importable function, no world), and ``NBDIST_SPAWN=0`` t
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import pytest
 from kernel_helpers import Kernel
-
-pytestmark = pytest.mark.slow
 
 SETUP = """\
 %load_ext nbdist
@@ -37,10 +37,11 @@ def k():
 
 
 @pytest.fixture(autouse=True)
-def stopped_after(k):
+def stopped_after(request):
     """Each test's world ends with it (the leak guard counts its workers)."""
     yield
-    k.execute("%dist_stop", timeout=60)
+    if "k" in request.fixturenames:
+        request.getfixturevalue("k").execute("%dist_stop", timeout=60)
 
 
 def world(k: Kernel, n: int) -> None:
@@ -163,6 +164,7 @@ def write_pid(i, where):
 """
 
 
+@pytest.mark.slow
 def test_plain_spawn_where_it_would_work_and_where_nbdist_spawn_is_0(kernel, tmp_path):
     """An importable function with no world, and NBDIST_SPAWN=0, are torch's own spawn (in a
     kernel of its own: plain spawn leaves multiprocessing's resource tracker running)."""
@@ -183,3 +185,25 @@ def test_plain_spawn_where_it_would_work_and_where_nbdist_spawn_is_0(kernel, tmp
     # the kernel's own stderr) and exited: spawn's own error
     assert "plain spawn failed: ProcessExitedException" in rep.stdout, (rep.stdout, rep.stderr)
     assert kernel.value("__import__('nbdist').current() is None")
+
+
+HOOK = """
+import sys
+import nbdist.patches.spawn as patch
+patch.install()
+assert "torch" not in sys.modules  # installing it imports nothing
+import torch.multiprocessing as mp
+module = sys.modules["torch.multiprocessing.spawn"]
+assert mp.start_processes is patch.start_processes is module.start_processes
+assert patch.original().__module__ == "torch.multiprocessing.spawn"
+assert not any(type(f).__name__ == "_AfterImport" for f in sys.meta_path)  # stepped aside
+patch.install()  # again: nothing changes
+assert module.start_processes is patch.start_processes
+print("patched")
+"""
+
+
+def test_the_patch_waits_for_torch_multiprocessing_and_then_steps_aside():
+    out = subprocess.run([sys.executable, "-c", HOOK], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "patched", out.stderr[-2000:]
