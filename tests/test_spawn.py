@@ -114,6 +114,29 @@ def test_an_exception_on_rank_1_raises_process_raised_exception_naming_it(k):
     ok(k, "%%dist\nprint('still here')")  # the world goes on
 
 
+def test_a_rank_that_raises_frees_a_peer_waiting_for_it_in_a_collective(k, tmp_path):
+    """Rank 1 raises after joining a group; process 0 waits for it in an all_reduce. As if
+    rank 1's process had exited, its group closes and the wait fails at once; the error
+    names rank 1, not process 0's consequence."""
+    world(k, 1)
+    ok(k, f"import torch, torch.distributed as dist\n"
+          f"def raises_mid_group(i, n):\n"
+          f"    dist.init_process_group('gloo', init_method='file://{tmp_path}/store', "
+          f"rank=i, world_size=n)\n"
+          f"    model = torch.nn.Linear(2, 2)\n"
+          f"    if i == 1:\n"
+          f"        raise RuntimeError('rank 1 gives up')\n"
+          f"    dist.all_reduce(torch.ones(1))\n")
+    t0 = time.monotonic()
+    rep = ok(k, "try:\n    mp.spawn(raises_mid_group, args=(2,), nprocs=2)\n"
+                "except mp.ProcessRaisedException as e:\n    print(e.error_index, str(e))")
+    assert time.monotonic() - t0 < 30, "the all_reduce waited for the group's timeout"
+    assert rep.stdout.startswith("1") and "rank 1 gives up" in rep.stdout, rep.stdout
+    assert "also failed: 0 (worker0: " in rep.stdout
+    assert k.value("dist.is_initialized()") is False  # process 0's group went too
+    ok(k, "%%dist\nimport torch.distributed as dist\nassert not dist.is_initialized()")
+
+
 def test_an_exception_on_process_0_names_process_0(k):
     world(k, 1)
     ok(k, "def fails_here(i):\n    if i == 0:\n        raise KeyError('here')\n")

@@ -210,7 +210,7 @@ class _Spawn:
                 failures.append(RankFailure(r, names[r], res.error_type, res.error,
                                             _without_stub(res.traceback)))
         if failures:
-            first = min(failures, key=lambda f: (f.etype == "KeyboardInterrupt", f.rank))
+            first = min(failures, key=lambda f: (_secondary(f), f.rank))
             raise _error(first, failures, self._pid(first.rank))
         if died:
             assert self.cluster is not None
@@ -226,6 +226,12 @@ class _Spawn:
         if rank == 0 or self.cluster is None:
             return os.getpid()
         return self.cluster.ranks[rank].pid or -1
+
+
+def _secondary(f: RankFailure) -> bool:
+    """A failure caused by another's: interrupted after it, or a collective whose peer left
+    (a rank that raised ends its group, so its peers' waits fail: "closed by peer")."""
+    return f.etype == "KeyboardInterrupt" or "by peer" in f.message
 
 
 def _without_stub(text: str) -> str:
