@@ -145,6 +145,14 @@ def test_an_exception_on_process_0_names_process_0(k):
     assert rep.stdout.startswith("0") and "raise KeyError('here')" in rep.stdout, rep.stdout
 
 
+def test_sys_exit_0_is_a_success_and_the_rank_lives_on(k):
+    world(k, 1)
+    ok(k, "import sys\ndef leaves(i):\n    print('leaving', i)\n    sys.exit(0)\n")
+    rep = ok(k, "mp.spawn(leaves, nprocs=2)")
+    assert "leaving 0" in rep.stdout and "[worker1] leaving 1" in rep.stdout
+    ok(k, "%%dist\nprint('alive')")
+
+
 def test_join_false_returns_a_context_whose_join_works(k, tmp_path):
     world(k, 1)
     gate = tmp_path / "go"

@@ -46,15 +46,17 @@ def run() -> None:
 
 
 def call(fn: Callable, index: int, args: tuple) -> None:
-    """``fn(index, *args)``; a process group it made is ended afterwards (see above)."""
+    """``fn(index, *args)``; a process group it made is ended afterwards (see above).
+    ``sys.exit()`` or ``sys.exit(0)`` in ``fn`` is a success, as for a spawned process."""
     had_group = _has_group()
     try:
         fn(index, *args)
     except BaseException as exc:
-        if not had_group and _has_group():
-            traceback.clear_frames(exc.__traceback__)
-            _end_group()
-        raise
+        if not isinstance(exc, SystemExit) or exc.code not in (None, 0):
+            if not had_group and _has_group():
+                traceback.clear_frames(exc.__traceback__)
+                _end_group()
+            raise
     if not had_group and _has_group():
         _end_group()
 
