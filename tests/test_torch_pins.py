@@ -113,6 +113,7 @@ PINNED = {
     "torch._C._distributed_rpc.PyRRef.to_here",
     "libtorch_cpu.so.RRefContext::getInstance()::context",
     "libtorch_cpu.so.TensorPipeAgent::guessAddress()::uvAddress",
+    "torch.distributed.distributed_c10d._world.pg_map",
 }
 
 

@@ -19,7 +19,16 @@ from typing import Any
 
 from ..devices import Setup
 from ..errors import DistTimeoutError, StartError, WorkerDiedError
-from ..patches import quiet, rpc_hooks, rref_reset, shipping, thread_states, tp_address
+from ..patches import (
+    process_group,
+    quiet,
+    rpc_hooks,
+    rref_reset,
+    shipping,
+    thread_states,
+    torchrun_env,
+    tp_address,
+)
 from ..patches.torch_private import report_once, usable
 from ..proc import nccl
 from ..proc.channel import HandshakeError, Listener
@@ -32,7 +41,7 @@ from .ranks import RankInfo
 from .router import Router, StatusLine
 
 __all__ = ["ARRIVED", "REJOIN_KEYS", "Rank0", "StartWatch", "arrival_file", "rejoin_config",
-           "torch_iface", "worker_config"]
+           "torch_iface", "user_group_file", "worker_config"]
 
 _DEADLINE_SLACK = 0.5  # a torch wait ending this close to the start deadline is its timeout
 
@@ -50,7 +59,8 @@ def worker_config(spec: WorldSpec, names: list[str], rank: int, world_dir: str,
     the notebook's environment, and its agent completes the config (``proc.agent``).
     """
     host = spec.placement()[rank]
-    ours = {"NBDIST_RANK": str(rank), "NBDIST_WORLD_SIZE": str(spec.world_size)}
+    launch_env = torchrun_env.variables(rank, spec.placement())
+    ours = {"NBDIST_RANK": str(rank), "NBDIST_WORLD_SIZE": str(spec.world_size), **launch_env}
     device = gpu.device(rank) if gpu is not None else None
     if host is None:
         ours.update({"LOCAL_RANK": str(rank), "NBDIST_DEVICE": device or "cpu"})
@@ -75,6 +85,8 @@ def worker_config(spec: WorldSpec, names: list[str], rank: int, world_dir: str,
         "pg_init": rendezvous["pg"], "pg_timeout": spec.rpc_timeout,
         "start_timeout": spec.start_timeout, "epoch": epoch, "store": store,
         "arrivals": None if store else arrival_file(world_dir, epoch), "arrived": ARRIVED,
+        "user_groups": None if store else user_group_file(world_dir, epoch),
+        "launch_env": launch_env,
     }
 
 
@@ -87,11 +99,17 @@ def arrival_file(world_dir: str, epoch: int) -> str:
     return os.path.join(world_dir, f"arrivals-{epoch}")
 
 
+def user_group_file(world_dir: str, epoch: int) -> str:
+    """The store of the groups user code makes with ``init_process_group`` in a local world
+    (``patches.process_group``; one per epoch, keys of each group under its own prefix)."""
+    return os.path.join(world_dir, f"user-groups-{epoch}")
+
+
 #: What a kept worker takes from a new world's config when it rejoins (``proc.protocol.Rejoin``);
 #: the rest (environment, paths, threads, as its host adapted them) stays as it started.
 REJOIN_KEYS = ("name", "world_size", "socket", "authkey", "rpc", "rpc_init", "rpc_timeout",
                "process_group", "pg_init", "pg_timeout", "start_timeout", "epoch", "store",
-               "device", "device_maps", "arrivals", "arrived")
+               "device", "device_maps", "arrivals", "arrived", "user_groups", "launch_env")
 
 
 def rejoin_config(config: dict) -> dict:
@@ -222,6 +240,7 @@ class Rank0:
             Router.write("stderr", line + "\n")
         if not spec.rpc:
             self._join_group_only(watch)
+            self._let_user_groups_in()
             return
         rpc_hooks.reset_world_state()
         quiet.install()
@@ -262,6 +281,25 @@ class Rank0:
             shipping.register_patched("torch.distributed.rpc", "torch.distributed.rpc.api")
             if self.backend:
                 self._join_group(init["pg"], watch)
+        self._let_user_groups_in()
+
+    def _let_user_groups_in(self) -> None:
+        """User code's ``init_process_group`` here joins this world (``patches.process_group``)."""
+        import torch.distributed as dist
+
+        if not process_group.install():
+            return
+        if self.store is not None:
+            hosted = self.store
+            make: Callable[[], Any] = lambda: hosted  # noqa: E731
+        else:
+            path = user_group_file(self.world_dir, self.epoch)
+            make = lambda: dist.FileStore(path, -1)  # noqa: E731
+        why = "--no-rpc" if not self.spec.rpc else f"--process-group {self.backend}"
+        process_group.attach(process_group.Membership(
+            0, self.spec.world_size, self.names[0], make, self.spec.rpc_timeout,
+            self.backend if self.pg_up else None, why),
+            own_group=dist.group.WORLD if self.pg_up else None)
 
     def _join_group_only(self, watch: StartWatch) -> None:
         """A world without RPC: the process group is all rank 0 joins (no RPC patches, no
@@ -293,11 +331,10 @@ class Rank0:
                                          self.store is not None)["pg"], watch)
 
     def _join_group(self, init_method: str, watch: StartWatch) -> None:
-        import torch.distributed as dist
 
         spec, backend = self.spec, self.backend
         with nccl.notebook_safe(backend):
-            self._in_thread(lambda: dist.init_process_group(
+            self._in_thread(lambda: process_group.torch_init(
                 backend, init_method=init_method, rank=0, world_size=spec.world_size,
                 timeout=timedelta(seconds=spec.rpc_timeout),
                 device_id=nccl.device_id(backend, self.device)),
@@ -340,6 +377,7 @@ class Rank0:
         """
         import torch.distributed.rpc as rpc
 
+        process_group.detach()  # a group user code made and left is ended too
         if self.pg_up:
             nccl.leave_group()
             self.pg_up = False

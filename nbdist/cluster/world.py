@@ -24,7 +24,7 @@ from typing import Any
 
 from .. import devices
 from ..errors import DistTimeoutError, StartError, WorkerDiedError
-from ..patches import no_rpc, rpc_hooks
+from ..patches import graveyard, no_rpc, rpc_hooks, torchrun_env
 from ..proc import cuda, nccl, netif
 from ..proc.channel import Listener
 from ..proc.hosts import HostAgent, launcher_argv, start_agents
@@ -233,6 +233,7 @@ class World:
     def _running(self, t0: float) -> None:
         self.state = ClusterState.RUNNING
         self.startup_seconds = time.monotonic() - t0
+        torchrun_env.enter(torchrun_env.variables(0, self.spec.placement()))
         records.set_identity(0, self.names[0])
         if self.spec.rpc:
             tracing.arm(0, self.names[0])
@@ -364,6 +365,7 @@ class World:
             self.router.muted = True
             self._leave_rpc()
             self._stop_workers(timeout, [i for r, i in self.ranks.items() if r])
+            graveyard.release(everything=True)  # no peer is left to keep a collective waiting
             self._close_channels(list(self.ranks.values()))
             self.receiver.stop()
             self.router.close()
@@ -374,6 +376,7 @@ class World:
             if self.world_dir is not None:
                 shutil.rmtree(self.world_dir, ignore_errors=True)
         finally:
+            torchrun_env.leave()
             self.state = ClusterState.STOPPED
             self._on_down()
 

@@ -52,6 +52,8 @@ FEATURES = {
     "current_agent": "nbdist.parallel does not find the running RPC agent",
     "async_marker": "nbdist.parallel runs @rpc.functions.async_execution functions as plain "
                     "ones",
+    "process_group": "destroy_process_group keeps only the default group alive until it is "
+                     "safe to free, so freeing a subgroup (new_group) may still freeze a rank",
     "no_rpc": "in a world without RPC (--no-rpc), torch's RPC calls say 'RPC has not been "
               "initialized' instead of naming --no-rpc",
 }
@@ -213,6 +215,8 @@ PRIVATES: tuple[Private, ...] = (
     # no_rpc: what _require_initialized's wrapper asks, answered with NoRpcError (patches.no_rpc)
     Private("no_rpc", _API, "_require_initialized", _arity(1)),
     Private("no_rpc", _API, "_is_current_rpc_agent_set", _arity(0)),
+    # process_group: every group a destroy_process_group() ends, kept alive (patches.graveyard)
+    Private("process_group", "torch.distributed.distributed_c10d", "_world.pg_map", _is(dict)),
 )
 
 _lock_once = threading.Lock()

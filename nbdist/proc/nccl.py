@@ -17,6 +17,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from ..patches import process_group
+
 __all__ = ["device_id", "end_group", "leave_group", "notebook_safe"]
 
 _HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
@@ -57,7 +59,7 @@ def end_group(timeout: float = 3.0) -> bool:
 
     def run() -> None:
         abort = getattr(dist.group.WORLD, "abort", None)
-        for step in (abort, dist.destroy_process_group):
+        for step in (abort, process_group.destroy_own):
             try:
                 if step is not None:
                     step()
@@ -80,6 +82,6 @@ def leave_group() -> None:
         end_group()
         return
     try:
-        dist.destroy_process_group()
+        process_group.destroy_own()  # kept alive until freeing it cannot freeze (graveyard)
     except Exception:  # noqa: BLE001 - the group's peers may be gone
         pass

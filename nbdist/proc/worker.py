@@ -20,7 +20,7 @@ from datetime import timedelta
 from typing import Any
 
 from ..errors import safe_str
-from ..patches import quiet, rpc_hooks, shipping, thread_states
+from ..patches import process_group, quiet, rpc_hooks, shipping, thread_states
 from . import cuda, nccl, shell
 from .channel import Channel, ChannelBlocked, connect
 from .debugger import Debugger
@@ -218,7 +218,6 @@ def _flush_all() -> None:
 
 def _join_world(cfg: dict) -> None:
     import torch
-    import torch.distributed as dist
     import torch.distributed.rpc as rpc
 
     torch.set_num_threads(cfg["threads"])
@@ -248,10 +247,33 @@ def _join_world(cfg: dict) -> None:
     rref_reset.start_ids_at(cfg["epoch"])  # RRef ids unlike any of an earlier world
     shipping.register_patched("torch.distributed.rpc", "torch.distributed.rpc.api")
     if cfg.get("process_group"):
-        dist.init_process_group(cfg["process_group"], init_method=cfg["pg_init"], rank=_rank,
-                                world_size=cfg["world_size"],
-                                timeout=timedelta(seconds=cfg["pg_timeout"]),
-                                device_id=nccl.device_id(cfg["process_group"], cfg.get("device")))
+        process_group.torch_init(cfg["process_group"], init_method=cfg["pg_init"], rank=_rank,
+                                 world_size=cfg["world_size"],
+                                 timeout=timedelta(seconds=cfg["pg_timeout"]),
+                                 device_id=nccl.device_id(cfg["process_group"],
+                                                          cfg.get("device")))
+    _let_user_groups_in(cfg)
+
+
+def _let_user_groups_in(cfg: dict) -> None:
+    """User code's ``init_process_group`` here joins this world (``patches.process_group``)."""
+    import torch.distributed as dist
+
+    if not process_group.install():
+        return
+    if cfg.get("store"):  # a world with hosts: the notebook's store, over its own connection
+        from . import store
+
+        def make() -> Any:
+            return store.RemoteStore(cfg["store"], cfg["authkey"], cfg["start_timeout"])
+    else:
+        def make() -> Any:
+            return dist.FileStore(cfg["user_groups"], -1)
+    backend = cfg.get("process_group") or None
+    why = "--no-rpc" if not cfg.get("rpc", True) else f"--process-group {backend}"
+    process_group.attach(process_group.Membership(
+        _rank, cfg["world_size"], cfg["name"], make, cfg["pg_timeout"], backend, why),
+        own_group=dist.group.WORLD if backend else None)
 
 
 def _leave_world() -> None:
@@ -263,6 +285,7 @@ def _leave_world() -> None:
     from ..patches import rref_reset
 
     rpc_hooks.interrupt_rpc_threads()  # a function still running would hold up the shutdown
+    process_group.detach()  # a group user code made and left is ended too
     nccl.leave_group()
     try:
         rpc.shutdown(graceful=False)
@@ -292,6 +315,7 @@ def _rejoin(update: dict) -> None:
             no_rpc.leave()  # the new world may have RPC; a world without it says so again
             _cfg = {**_cfg, **update}
             os.environ["NBDIST_WORLD_SIZE"] = str(_cfg["world_size"])
+            os.environ.update(_cfg.get("launch_env") or {})  # torchrun's, for the new world
             _join_world(_cfg)
             from ..telemetry import tracing
 
@@ -323,10 +347,11 @@ def _join_group_only(cfg: dict) -> None:
     else:
         arrivals = dist.FileStore(cfg["arrivals"], cfg["world_size"])
     arrivals.set(cfg["arrived"].format(rank=_rank), "1")  # rank 0 joins once all are here
-    dist.init_process_group(cfg["process_group"], init_method=cfg["pg_init"], rank=_rank,
-                            world_size=cfg["world_size"],
-                            timeout=timedelta(seconds=cfg["pg_timeout"]),
-                            device_id=nccl.device_id(cfg["process_group"], cfg.get("device")))
+    process_group.torch_init(cfg["process_group"], init_method=cfg["pg_init"], rank=_rank,
+                             world_size=cfg["world_size"],
+                             timeout=timedelta(seconds=cfg["pg_timeout"]),
+                             device_id=nccl.device_id(cfg["process_group"], cfg.get("device")))
+    _let_user_groups_in(cfg)
 
 
 def _serve(ns: dict) -> None:

@@ -1,0 +1,79 @@
+"""Destroyed process groups, kept alive until freeing them cannot freeze the process.
+
+torch's ``ProcessGroupGloo`` destructor joins the group's worker threads while the freeing
+thread holds the GIL. A worker thread that has just finished a collective drops its last
+reference to the work, which may need the GIL; and one still inside a collective (a peer that
+never came) waits for the group's timeout. So freeing a destroyed group (``del ddp_model``
+after ``destroy_process_group()``, or a demo function returning) can freeze the process for
+good (pytorch issue 56297 and its family; ~4 runs in 10 of the DDP tutorial on 2.13). A
+script exits right after, a notebook lives on.
+
+``bury`` keeps a reference to each destroyed group, so whatever else drops its references
+never runs the destructor; ``release`` lets go of the ones whose threads are certainly idle:
+older than the group's timeout (every collective of it has ended by then), or, while more
+than ``CAP`` are kept, older than ``SETTLE`` seconds (a finished collective's threads settle
+in milliseconds). A model still holding a group frees it later still, which is as safe.
+The world calls ``release(everything=True)`` when it ends, after its peers are gone.
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+from typing import Any
+
+__all__ = ["CAP", "SETTLE", "bury", "kept", "release"]
+
+SETTLE = 1.0  # seconds after which a group without work in flight has idle threads
+CAP = 16  # kept groups beyond which settled ones are freed before their timeout
+
+
+class _Grave:
+    lock = threading.Lock()
+    entries: list[tuple[Any, float, float]] = []  # (group, buried at, its timeout in seconds)
+
+
+def bury(groups: list[Any], timeout: float) -> None:
+    """Keep ``groups`` (being destroyed now) alive until ``release`` finds them safe to free."""
+    now = time.monotonic()
+    with _Grave.lock:
+        known = {id(g) for g, _, _ in _Grave.entries}
+        _Grave.entries.extend((g, now, timeout) for g in groups
+                              if g is not None and id(g) not in known)
+
+
+def kept() -> int:
+    """How many destroyed groups are kept now."""
+    with _Grave.lock:
+        return len(_Grave.entries)
+
+
+def release(everything: bool = False, wait: float = SETTLE) -> int:
+    """Free the kept groups that are safe to free now; returns how many.
+
+    ``everything`` (the world ended, its peers are gone, so no collective can wait on them):
+    all of them, once each has settled (waiting at most ``wait`` seconds for that).
+    """
+    if everything:
+        with _Grave.lock:
+            newest = max((t for _, t, _ in _Grave.entries), default=None)
+        if newest is None:
+            return 0
+        time.sleep(min(max(newest + SETTLE - time.monotonic(), 0.0), wait))
+        gc.collect()  # a model in a reference cycle lets go of its group now, not at random
+    now = time.monotonic()
+    with _Grave.lock:
+        entries = _Grave.entries
+        over = len(entries) - CAP
+        free, keep = [], []
+        for i, (g, at, timeout) in enumerate(entries):  # oldest first
+            age = now - at
+            if everything or age > timeout + SETTLE or (i < over and age > SETTLE):
+                free.append(g)
+            else:
+                keep.append((g, at, timeout))
+        _Grave.entries = keep
+    count = len(free)
+    del free  # the destructors run here, on the caller's thread, outside the lock
+    return count

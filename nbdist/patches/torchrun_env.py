@@ -1,0 +1,59 @@
+"""torchrun's environment variables on every rank of a world, the notebook included.
+
+torchrun-style code reads ``int(os.environ["RANK"])`` and the like. Each worker gets them in
+its environment when it starts, and again when a keep-restart gives it a new world; the
+notebook (rank 0) gets them for the world's life (``enter``), and at the end (``leave``)
+every one of them goes back to what it was before, one that was absent is removed.
+``MASTER_ADDR``/``MASTER_PORT`` are not set: nothing should connect to a fixed port, and
+``init_process_group`` finds the world without them (``patches.process_group``).
+``NBDIST_TORCHRUN_ENV=0`` sets none of them.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ..envflag import switched_on
+
+__all__ = ["FLAG", "KEYS", "enter", "leave", "variables"]
+
+FLAG = "NBDIST_TORCHRUN_ENV"
+KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
+        "ROLE_WORLD_SIZE")
+
+
+def variables(rank: int, hosts: list[str | None]) -> dict[str, str]:
+    """torchrun's variables for ``rank`` of a world whose rank r runs on ``hosts[r]`` (None:
+    this machine); empty when switched off. One machine is one torchrun node (``GROUP_RANK``,
+    this machine first); every rank has the one role."""
+    if not switched_on(FLAG):
+        return {}
+    host = hosts[rank]
+    local = [r for r, h in enumerate(hosts) if h == host]
+    machines = list(dict.fromkeys(hosts))
+    return {"RANK": str(rank), "WORLD_SIZE": str(len(hosts)),
+            "LOCAL_RANK": str(local.index(rank)), "LOCAL_WORLD_SIZE": str(len(local)),
+            "GROUP_RANK": str(machines.index(host)), "ROLE_RANK": str(rank),
+            "ROLE_WORLD_SIZE": str(len(hosts))}
+
+
+class _Saved:
+    before: dict[str, str | None] | None = None  # the notebook's values before the world
+
+
+def enter(values: dict[str, str]) -> None:
+    """This process's variables are now ``values`` (again, at a keep-restart); what it had
+    before the first ``enter`` is kept for ``leave``."""
+    if _Saved.before is None:
+        _Saved.before = {k: os.environ.get(k) for k in KEYS}
+    os.environ.update(values)
+
+
+def leave() -> None:
+    """Every variable ``enter`` set goes back to what it was (absent: removed)."""
+    before, _Saved.before = _Saved.before, None
+    for key, value in (before or {}).items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value

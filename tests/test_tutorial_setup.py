@@ -1,0 +1,183 @@
+"""Issue 27, items 2-4: the DDP tutorial's ``setup()``/``cleanup()`` and torchrun's environment
+in a world. Real worlds (this process is rank 0, as a notebook is), real Gloo groups.
+
+``init_process_group`` with ``env://``, ``tcp://`` or ``file://`` joins the world's private
+rendezvous (no port, no file); a world's own group is taken rather than refused "twice"; a
+rank or size the world cannot match is refused naming both; demo after demo works;
+``RANK``/``WORLD_SIZE``/... are set on every rank and the notebook gets its own back at stop.
+The destroy-then-free stress in a real kernel is in ``test_tutorial_freeze.py``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+from conftest import listening
+
+import nbdist
+from nbdist.errors import DistCellError
+
+TUTORIAL = '''
+import os, torch, torch.distributed as dist, torch.nn as nn, torch.optim as optim
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+def setup(rank, world_size):
+    os.environ["MASTER_ADDR"] = "localhost"
+    os.environ["MASTER_PORT"] = "12355"
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+
+def cleanup():
+    dist.destroy_process_group()
+
+class ToyModel(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net1 = nn.Linear(10, 10)
+        self.relu = nn.ReLU()
+        self.net2 = nn.Linear(10, 5)
+
+    def forward(self, x):
+        return self.net2(self.relu(self.net1(x)))
+
+def demo_basic(rank, world_size):
+    setup(rank, world_size)
+    model = ToyModel()
+    ddp_model = DDP(model)
+    optimizer = optim.SGD(ddp_model.parameters(), lr=0.001)
+    optimizer.zero_grad()
+    nn.MSELoss()(ddp_model(torch.randn(20, 10)), torch.randn(20, 5)).backward()
+    optimizer.step()
+    cleanup()
+    return round(sum(p.sum().item() for p in model.parameters()), 5)
+'''
+
+RANK = "int(os.environ['RANK'])"
+
+
+def _local(ipython, code: str) -> None:
+    ipython.run_cell_magic("dist", "--local", code)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def ddp_warm():
+    """One DDP demo in this process before the tests: DDP and Gloo open some handles once per
+    process (event fds, a pipe, a socket), which the leak guard must not count as a test's."""
+    from IPython.testing.globalipapp import get_ipython
+
+    ip = get_ipython()
+    ip.run_line_magic("load_ext", "nbdist")
+    ip.run_line_magic("dist_start", "1")
+    try:
+        _local(ip, TUTORIAL)
+        _local(ip, f"demo_basic({RANK}, 2)")
+    finally:
+        nbdist.stop()
+    yield
+
+
+def test_env_tcp_and_file_init_methods_join_the_world_without_a_port(ipython, capsys,
+                                                                      tmp_path):
+    ipython.run_line_magic("dist_start", "2")
+    c = nbdist.current()
+    pids = [os.getpid(), *c.worker_pids()]
+    before = {port for _, _, port in listening(pids)}
+    capsys.readouterr()
+    methods = [None, "tcp://127.0.0.1:12355", f"file://{tmp_path}/rendezvous"]
+    for i, method in enumerate(methods):
+        _local(ipython, "import os, torch, torch.distributed as dist\n"
+                        f"dist.init_process_group('gloo', init_method={method!r}, "
+                        f"rank={RANK}, world_size=3)\n"
+                        "t = torch.tensor([float(dist.get_rank() + 1)])\n"
+                        "dist.all_reduce(t)\n")
+        ours = listening(pids)
+        assert all(port != 12355 for _, _, port in ours), ours
+        assert all(ip == "127.0.0.1" for _, ip, port in ours if port not in before), ours
+        _local(ipython, "dist.destroy_process_group()\nt.item()")
+        out = capsys.readouterr()
+        assert "[worker1] 6.0" in out.out and "[worker2] 6.0" in out.out, out
+        assert ipython.user_ns["t"].item() == 6.0
+        lines = out.err.count("no port is opened")
+        assert lines == (1 if i == 0 else 0), out.err  # once per world
+        assert not dist.is_initialized()
+    assert not os.path.exists(tmp_path / "rendezvous")  # file:// was not used either
+    assert c.run("dist.is_initialized()", show=False) == {1: "False", 2: "False"}
+
+
+def test_the_tutorial_demo_runs_again_and_again_with_equal_weights(ipython, capsys):
+    ipython.run_line_magic("dist_start", "1")
+    _local(ipython, TUTORIAL)
+    c = nbdist.current()
+    for _ in range(3):
+        _local(ipython, f"w = demo_basic({RANK}, 2)")
+        assert c.run("w", show=False)[1] == repr(ipython.user_ns["w"])
+    assert c.run("x = torch.ones(1)\nx", show=False)  # the world goes on
+    assert "no port is opened" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags", ["--process-group gloo", "--no-rpc"])
+def test_a_world_with_its_own_group_takes_the_call_and_keeps_its_group(ipython, capsys,
+                                                                       flags):
+    ipython.run_line_magic("dist_start", f"1 {flags}")
+    world_group = dist.group.WORLD
+    _local(ipython, TUTORIAL)
+    _local(ipython, f"w = demo_basic({RANK}, 2)")  # init is accepted, not refused "twice"
+    assert "uses this world's own process group" in capsys.readouterr().err
+    assert dist.is_initialized() and dist.group.WORLD is world_group  # cleanup() left it
+    _local(ipython, "t = torch.ones(1)\ndist.all_reduce(t)\nt.item()")
+    assert "[worker1] 2.0" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="already has a default process group of 2 ranks"):
+        dist.init_process_group("gloo", world_size=1)  # no other default group fits here
+    with pytest.raises(ValueError, match="'nccl'.* default process group is gloo"):
+        dist.init_process_group("nccl")
+    assert dist.group.WORLD is world_group
+
+
+def test_a_rank_or_size_the_world_cannot_match_is_refused_naming_both(ipython):
+    ipython.run_line_magic("dist_start", "1")
+    c = nbdist.current()
+    with pytest.raises(ValueError, match=r"world_size=5\).*of this nbdist world of 2"):
+        dist.init_process_group("gloo", rank=0, world_size=5)
+    with pytest.raises(ValueError, match=r"rank=1\).*rank 0 \(worker0\).*must be 0"):
+        dist.init_process_group("gloo", rank=1, world_size=2)
+    with pytest.raises(DistCellError, match="rank 1 is not in a group of 1"):
+        c.run("import torch.distributed as dist\n"
+              "dist.init_process_group('gloo', rank=1, world_size=1)", show=False)
+    assert not dist.is_initialized()
+    # a group of the first ranks only is fine: here, the notebook alone
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    t = torch.ones(2)
+    dist.all_reduce(t)
+    dist.destroy_process_group()
+    assert t.tolist() == [1.0, 1.0]
+
+
+ENV_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
+            "ROLE_WORLD_SIZE")
+READ_ENV = f"import os\n[os.environ.get(k) for k in {ENV_KEYS!r}]"
+
+
+def _env(size: int, rank: int) -> list[str]:
+    return [str(rank), str(size), str(rank), str(size), "0", str(rank), str(size)]
+
+
+def test_torchrun_environment_on_every_rank_through_restarts_and_back_after_stop(world,
+                                                                                 monkeypatch):
+    monkeypatch.setenv("RANK", "user's")
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    saved = {k: os.environ.get(k) for k in ENV_KEYS}
+    c = world(2)
+    for size in (3, 4, 2):  # start, restart, keep-restart (grow, then shrink)
+        assert [os.environ.get(k) for k in ENV_KEYS] == _env(size, 0)
+        values = c.run(READ_ENV, show=False)
+        assert {r: eval(v) for r, v in values.items()} == {r: _env(size, r)  # noqa: S307
+                                                         for r in range(1, size)}
+        if size == 3:
+            c = c.restart(3)
+        elif size == 4:
+            c.restart(1, keep=True)
+    c.stop()
+    assert {k: os.environ.get(k) for k in ENV_KEYS} == saved  # absent ones removed again
