@@ -22,9 +22,11 @@ SENT_KEPT = 100  # cells whose targets are remembered until their report
 
 class CellResults(dict):
     """rank -> ``Result`` (None: its process ended first), with ``sent``: the ``RankInfo``
-    each rank had when the cell was sent (a keep-restart may have replaced it since)."""
+    each rank had when the cell was sent (a keep-restart may have replaced it since), and
+    ``finished``: when each result arrived."""
 
     sent: dict[int, RankInfo] = {}
+    finished: dict[int, float] = {}  # rank -> when its result arrived (time.monotonic())
 
 
 class Cells:
@@ -155,6 +157,7 @@ class Cells:
                     for r in targets:
                         got.setdefault(r, None)  # None: the rank died
                     got.sent = self._sent.pop(exec_id, {})
+                    got.finished = dict(self._finished.get(exec_id, {}))
                     return got
                 if now >= next_status:
                     status = status or StatusLine()

@@ -122,6 +122,7 @@ class _Spawn:
         self.cluster, self.fn, self.args = cluster, fn, args
         self.targets = list(range(1, nprocs))
         self.failure: tuple[BaseException, str] | None = None  # rank 0's error, traceback
+        self.failed_at = 0.0  # when (time.monotonic()) rank 0's failure happened
         self.thread: threading.Thread | None = None
         self.done = False
         self.exec_id = cluster.send_cell(spawned.cell(fn, args), self.targets) \
@@ -137,8 +138,10 @@ class _Spawn:
                 self._interrupt_workers()
                 raise
             self.failure = (KeyboardInterrupt(), "KeyboardInterrupt\n")
+            self.failed_at = time.monotonic()
         except BaseException as exc:  # noqa: BLE001 - raised as spawn's error by finish()
             self.failure = (exc, traceback.format_exc())
+            self.failed_at = time.monotonic()
 
     def start_thread(self) -> None:
         self.thread = threading.Thread(target=self.run_here, name="nbdist-spawn-0",
@@ -210,7 +213,8 @@ class _Spawn:
                 failures.append(RankFailure(r, names[r], res.error_type, res.error,
                                             _without_stub(res.traceback)))
         if failures:
-            first = min(failures, key=lambda f: (_secondary(f), f.rank))
+            when = {0: self.failed_at, **getattr(results, "finished", {})}
+            first = min(failures, key=lambda f: (_secondary(f), when.get(f.rank, 0.0)))
             raise _error(first, failures, self._pid(first.rank))
         if died:
             assert self.cluster is not None
@@ -230,7 +234,8 @@ class _Spawn:
 
 def _secondary(f: RankFailure) -> bool:
     """A failure caused by another's: interrupted after it, or a collective whose peer left
-    (a rank that raised ends its group, so its peers' waits fail: "closed by peer")."""
+    (a rank that raised ends its group, so its peers' waits may fail before its own result
+    arrives: "closed by peer"). Among the rest, the first to fail is spawn's error."""
     return f.etype == "KeyboardInterrupt" or "by peer" in f.message
 
 

@@ -7,10 +7,12 @@ of ``__main__`` again and calls ``fn(rank, *args)``. Rank 0 calls ``call`` direc
 
 A spawned process ends when its function does, and so does everything it made. A rank of a
 world lives on, so ``call`` ends the default process group ``fn`` made and left behind
-(a torchrun-style function never calls ``destroy_process_group``), and, when ``fn`` raised,
-first clears the locals of its finished frames (file and line stay for the traceback):
-a peer waiting in a collective with this rank then fails at once ("Connection closed by
-peer"), as it would had the process exited, instead of waiting for the group's timeout.
+(a torchrun-style function never calls ``destroy_process_group``; a failed one never got
+there), with ``destroy_process_group`` as the user would (nbdist's, in a world: the group is
+kept until freeing it cannot freeze the process, so a peer still waiting in a collective with
+this rank fails at the group's timeout). When ``fn`` raised, the locals of its finished frames
+are cleared first (file and line stay for the traceback): its model and tensors go, as they
+would with the process.
 """
 
 from __future__ import annotations
