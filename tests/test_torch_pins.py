@@ -114,6 +114,7 @@ PINNED = {
     "libtorch_cpu.so.RRefContext::getInstance()::context",
     "libtorch_cpu.so.TensorPipeAgent::guessAddress()::uvAddress",
     "torch.distributed.distributed_c10d._world.pg_map",
+    "torch.distributed.distributed_c10d._world.group_count",
 }
 
 

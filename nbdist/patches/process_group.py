@@ -67,6 +67,7 @@ class _State:
     made = False  # the default group now is one user code made here
     excepthook: Any = None  # before the user's init (torch wraps it at every init)
     timeout = 0.0  # the last user group's timeout, seconds
+    recorded: Any = None  # the store class that remembers a rank's keys (made once)
 
 
 def installed() -> bool:
@@ -173,14 +174,16 @@ def init_process_group(*args: Any, **kwargs: Any) -> None:
     gen = _State.generations.get(size, 0) + 1
     if _State.base is None:
         _State.base = member.store()
-    store = dist.PrefixStore(f"{_PREFIX}/{size}/{gen}/", _State.base)
+    store = _Recorded(dist.PrefixStore(f"{_PREFIX}/{size}/{gen}/", _State.base))
     timeout = a["timeout"] or timedelta(seconds=member.timeout)
     _say_once(member, a["init_method"])
     hook = sys.excepthook
+    _name_first_group()
     a.update(init_method=None, store=store, rank=rank, world_size=size, timeout=timeout)
     try:
         _State.torch_init(**a)
     except Exception as exc:
+        store.forget()  # the next try meets the others under the same generation
         raise _explain(exc, member, rank, size, timeout) from exc
     _State.generations[size] = gen
     _State.made = True
@@ -202,6 +205,74 @@ def destroy_process_group(group: Any = None) -> None:
     graveyard.release()
     destroy_own(group)
     return None
+
+
+def _name_first_group() -> None:
+    """torch names a default group by a per-process count that only a destroy resets; one a
+    failed attempt left raised would give this rank other keys than its peers'."""
+    if torch_private.usable("process_group"):
+        from torch.distributed import distributed_c10d as c10d
+
+        c10d._world.group_count = 0
+
+
+def _recorded_store_class() -> type:
+    import torch.distributed as dist
+
+    class Recorded(dist.Store):
+        """A group's store that remembers the keys this rank wrote, so a failed attempt can
+        take them back: a rank that comes later must not read a dead listener's address."""
+
+        def __init__(self, inner: Any) -> None:
+            super().__init__()
+            self.inner, self.written = inner, set()
+
+        def set(self, key: str, value: Any) -> None:
+            self.written.add(key)
+            self.inner.set(key, value)
+
+        def add(self, key: str, amount: int) -> int:
+            self.written.add(key)
+            return self.inner.add(key, amount)
+
+        def compare_set(self, key: str, expected: Any, desired: Any) -> Any:
+            self.written.add(key)
+            return self.inner.compare_set(key, expected, desired)
+
+        def get(self, key: str) -> Any:
+            return self.inner.get(key)
+
+        def wait(self, keys: list[str], *timeout: Any) -> None:
+            self.inner.wait(keys, *timeout)
+
+        def check(self, keys: list[str]) -> bool:
+            return self.inner.check(keys)
+
+        def num_keys(self) -> int:
+            return self.inner.num_keys()
+
+        def delete_key(self, key: str) -> bool:
+            self.written.discard(key)
+            return self.inner.delete_key(key)
+
+        def set_timeout(self, timeout: timedelta) -> None:
+            self.inner.set_timeout(timeout)
+
+        def forget(self) -> None:
+            for key in list(self.written):
+                try:
+                    self.inner.delete_key(key)
+                except Exception:  # noqa: BLE001 - the store went with the world
+                    pass
+            self.written.clear()
+
+    return Recorded
+
+
+def _Recorded(inner: Any) -> Any:  # noqa: N802 - makes the class on first use (torch import)
+    if _State.recorded is None:
+        _State.recorded = _recorded_store_class()
+    return _State.recorded(inner)
 
 
 def _check(member: Membership, rank: int, size: int) -> None:
@@ -257,9 +328,10 @@ def _explain(exc: Exception, member: Membership, rank: int, size: int,
         return exc
     from ..errors import DistTimeoutError
 
-    others = ", ".join(str(r) for r in range(size) if r != rank)
+    others = [str(r) for r in range(size) if r != rank]
+    who = f"rank{'s' if len(others) > 1 else ''} {', '.join(others)}"
     return DistTimeoutError(
         f"rank {rank} ({member.name}) waited {timeout.total_seconds():g}s in "
-        f"init_process_group for ranks {others} to join a group of {size}: every rank "
+        f"init_process_group for {who} to join a group of {size}: every rank "
         f"0..{size - 1} must call it (from the notebook, `%%dist --local` runs a cell on all "
         f"ranks at once)")

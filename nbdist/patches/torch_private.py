@@ -53,7 +53,8 @@ FEATURES = {
     "async_marker": "nbdist.parallel runs @rpc.functions.async_execution functions as plain "
                     "ones",
     "process_group": "destroy_process_group keeps only the default group alive until it is "
-                     "safe to free, so freeing a subgroup (new_group) may still freeze a rank",
+                     "safe to free, so freeing a subgroup (new_group) may still freeze a rank; "
+                     "after a failed init_process_group the next one may wait in vain",
     "no_rpc": "in a world without RPC (--no-rpc), torch's RPC calls say 'RPC has not been "
               "initialized' instead of naming --no-rpc",
 }
@@ -217,6 +218,9 @@ PRIVATES: tuple[Private, ...] = (
     Private("no_rpc", _API, "_is_current_rpc_agent_set", _arity(0)),
     # process_group: every group a destroy_process_group() ends, kept alive (patches.graveyard)
     Private("process_group", "torch.distributed.distributed_c10d", "_world.pg_map", _is(dict)),
+    # ... and the per-process count that names a default group (a failed init leaves it up)
+    Private("process_group", "torch.distributed.distributed_c10d", "_world.group_count",
+            _is(int)),
 )
 
 _lock_once = threading.Lock()
