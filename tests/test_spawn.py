@@ -137,6 +137,37 @@ def test_a_rank_that_raises_inside_a_group_is_named_and_its_peer_comes_back(k, t
     ok(k, "%%dist\nimport torch.distributed as dist\nassert not dist.is_initialized()")
 
 
+GROUP_DEMO = """\
+import torch, torch.distributed as dist
+def setup(rank, world_size):
+    os.environ['MASTER_ADDR'] = 'localhost'
+    os.environ['MASTER_PORT'] = '12355'
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+def summed(rank, world_size):
+    setup(rank, world_size)
+    t = torch.tensor([float(rank + 1)])
+    dist.all_reduce(t)
+    print(f"rank {rank} of {dist.get_world_size()}: sum {t.item():g}")
+    dist.destroy_process_group()
+"""
+
+
+def test_a_spawned_function_joins_a_group_of_the_world_demo_after_demo(k):
+    """The tutorial's setup() in a spawned function: init_process_group meets in the world
+    (no port 12355), twice in a row; in a world that has a group, it is taken, not 'twice'."""
+    world(k, 2)
+    ok(k, GROUP_DEMO)
+    for _ in range(2):
+        rep = ok(k, "mp.spawn(summed, args=(3,), nprocs=3)")
+        assert "rank 0 of 3: sum 6" in rep.stdout and "[worker2] rank 2 of 3: sum 6" in rep.stdout
+    rep = ok(k, "mp.spawn(summed, args=(2,), nprocs=2)")  # keep-restart to 2 ranks, then join
+    assert "[worker1] rank 1 of 2: sum 3" in rep.stdout, rep.stdout
+    ok(k, "%dist_stop\n%dist_start 2 --process-group gloo")
+    rep = ok(k, "mp.spawn(summed, args=(3,), nprocs=3)")
+    assert "[worker1] rank 1 of 3: sum 6" in rep.stdout and "twice" not in rep.stdout + rep.stderr
+    assert k.value("dist.is_initialized()") is True  # the world's own group stays
+
+
 def test_an_exception_on_process_0_names_process_0(k):
     world(k, 1)
     ok(k, "def fails_here(i):\n    if i == 0:\n        raise KeyError('here')\n")
