@@ -115,6 +115,22 @@ if dist.get_rank() == 0:
 dist.destroy_process_group()
 """
 
+#: demo_basic's training step, in both of the tutorial's versions (device: the CPU).
+_STEP = """
+    # create model and move it to GPU with id rank
+    model = ToyModel().to("cpu")
+    ddp_model = DDP(model, device_ids=None)
+
+    loss_fn = nn.MSELoss()
+    optimizer = optim.SGD(ddp_model.parameters(), lr=0.001)
+
+    optimizer.zero_grad()
+    outputs = ddp_model(torch.randn(20, 10))
+    labels = torch.randn(20, 5).to("cpu")
+    loss_fn(outputs, labels).backward()
+    optimizer.step()
+"""
+
 #: The DDP tutorial's code (pytorch/tutorials, intermediate_source/ddp_tutorial.rst) as the
 #: notebook pastes it: the launcher verbatim, the CUDA device of the demo changed to the CPU.
 DDP_TUTORIAL = """
@@ -154,20 +170,7 @@ class ToyModel(nn.Module):
 def demo_basic(rank, world_size):
     print(f"Running basic DDP example on rank {rank}.")
     setup(rank, world_size)
-
-    # create model and move it to GPU with id rank
-    model = ToyModel().to("cpu")
-    ddp_model = DDP(model, device_ids=None)
-
-    loss_fn = nn.MSELoss()
-    optimizer = optim.SGD(ddp_model.parameters(), lr=0.001)
-
-    optimizer.zero_grad()
-    outputs = ddp_model(torch.randn(20, 10))
-    labels = torch.randn(20, 5).to("cpu")
-    loss_fn(outputs, labels).backward()
-    optimizer.step()
-
+""" + _STEP + """
     cleanup()
 
 
@@ -186,20 +189,7 @@ def demo_basic_elastic():
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     print(f"Start running basic DDP example on rank {rank}.")
-
-    # create model and move it to GPU with id rank
-    model = ToyModel().to("cpu")
-    ddp_model = DDP(model, device_ids=None)
-
-    loss_fn = nn.MSELoss()
-    optimizer = optim.SGD(ddp_model.parameters(), lr=0.001)
-
-    optimizer.zero_grad()
-    outputs = ddp_model(torch.randn(20, 10))
-    labels = torch.randn(20, 5).to("cpu")
-    loss_fn(outputs, labels).backward()
-    optimizer.step()
-"""
+""" + _STEP
 
 #: How each script kind calls the tutorial's code.
 DDP_MAINS = {
