@@ -102,9 +102,10 @@ def _world_of(cluster: core.Cluster | None, nprocs: int, what: str) -> core.Clus
     if size == nprocs:
         return cluster
     local = cluster.spec.n + nprocs - size  # ranks on other hosts stay as they are
-    if local < 1 and not cluster.spec.hosts:
-        raise ValueError(f"mp.spawn(nprocs={nprocs}) cannot fit this world's hosts; "
-                         "`%dist_restart` it with fewer ranks on other hosts")
+    if local < 0:
+        raise ValueError(f"mp.spawn(nprocs={nprocs}) asks for fewer processes than this "
+                         f"world has on other hosts ({size - 1 - cluster.spec.n}): "
+                         "`%dist_restart` it with fewer ranks there (--hosts)")
     kept = [r for r, i in cluster.ranks.items() if 0 < r < nprocs and i.alive]
     cluster = cluster.restart(local, keep=True, quiet=True)
     ranks = ", ".join(map(str, kept)) if kept else "none"
