@@ -1,4 +1,5 @@
-"""What running SPMD code from a notebook costs: one FSDP2 model, `%%dist --local` vs torchrun.
+"""What running SPMD code from a notebook costs: FSDP2 in `%%dist --local`, and the DDP
+tutorial's `mp.spawn` from a cell, each beside torchrun (and plain `mp.spawn`).
 
 ``python bench/spmd.py [--smoke]`` (part of ``make bench``). The same training code (a small
 MLP wrapped in ``fully_shard`` over a 1-D CPU mesh, gloo, plain SGD) runs
@@ -17,6 +18,21 @@ Two figures each, from the same world size:
 * **step time**: the median of ``--steps`` further steps, timed on rank 0. The code is the same
   and runs in plain processes either way, so this should be equal: a difference is what the
   notebook's world adds to a step.
+
+Beside it, the DDP tutorial's launcher (issue 27): its ``setup``/``cleanup`` (port 12355),
+``ToyModel``, ``demo_basic`` (on the CPU) and ``run_demo(demo_basic, N+1)``, which calls
+``mp.spawn``. **Time to done**, from the call to the last rank's return:
+
+* **nbdist**: ``run_demo(demo_basic, N+1)`` in a cell of the IPython shell with no world
+  running (the spawn starts one: ``start``), then once more in that world (``again``);
+* **torchrun**: the same code as a script under ``torchrun --standalone --nproc-per-node
+  N+1``, its ``__main__`` calling the tutorial's torchrun variant of ``demo_basic`` (its
+  ``elastic_ddp.py``: ``init_process_group("gloo")`` with torchrun's environment);
+* **mp.spawn**: that script's ``__main__`` calling ``run_demo(demo_basic, N+1)``, as the
+  tutorial runs it (``python script.py``).
+
+The scripts get a free port in place of 12355 (another run on the machine may hold it; the
+number changes no timing); nbdist opens none.
 
 The kinds take turns (``--rounds`` times, the order alternating), so that a busy spell of a
 shared machine hits both. Writes ``bench/results/spmd.json`` and ``spmd.md`` with the commit
@@ -44,7 +60,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import _common  # noqa: E402
 
-__all__ = ["main", "train_code"]
+__all__ = ["main", "summarize_tutorial", "train_code"]
 
 #: The training code both kinds run, after ``init_process_group``. It leaves ``first_done``
 #: (wall clock when the first step ended on every rank) and ``step_times`` (seconds) behind.
@@ -98,6 +114,88 @@ if dist.get_rank() == 0:
           flush=True)
 dist.destroy_process_group()
 """
+
+#: demo_basic's training step, in both of the tutorial's versions (device: the CPU).
+_STEP = """
+    # create model and move it to GPU with id rank
+    model = ToyModel().to("cpu")
+    ddp_model = DDP(model, device_ids=None)
+
+    loss_fn = nn.MSELoss()
+    optimizer = optim.SGD(ddp_model.parameters(), lr=0.001)
+
+    optimizer.zero_grad()
+    outputs = ddp_model(torch.randn(20, 10))
+    labels = torch.randn(20, 5).to("cpu")
+    loss_fn(outputs, labels).backward()
+    optimizer.step()
+"""
+
+#: The DDP tutorial's code (pytorch/tutorials, intermediate_source/ddp_tutorial.rst) as the
+#: notebook pastes it: the launcher verbatim, the CUDA device of the demo changed to the CPU.
+DDP_TUTORIAL = """
+import os
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.optim as optim
+import torch.multiprocessing as mp
+
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def setup(rank, world_size):
+    os.environ['MASTER_ADDR'] = 'localhost'
+    os.environ['MASTER_PORT'] = '12355'
+
+    # initialize the process group
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+
+
+def cleanup():
+    dist.destroy_process_group()
+
+
+class ToyModel(nn.Module):
+    def __init__(self):
+        super(ToyModel, self).__init__()
+        self.net1 = nn.Linear(10, 10)
+        self.relu = nn.ReLU()
+        self.net2 = nn.Linear(10, 5)
+
+    def forward(self, x):
+        return self.net2(self.relu(self.net1(x)))
+
+
+def demo_basic(rank, world_size):
+    print(f"Running basic DDP example on rank {rank}.")
+    setup(rank, world_size)
+""" + _STEP + """
+    cleanup()
+
+
+def run_demo(demo_fn, world_size):
+    mp.spawn(demo_fn,
+             args=(world_size,),
+             nprocs=world_size,
+             join=True)
+"""
+
+#: The tutorial's torchrun variant of demo_basic (its ``elastic_ddp.py``): torchrun's agent
+#: keeps the rendezvous store, so ``setup()``'s MASTER_PORT would lead nowhere.
+DDP_ELASTIC = """
+
+def demo_basic_elastic():
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    print(f"Start running basic DDP example on rank {rank}.")
+""" + _STEP
+
+#: How each script kind calls the tutorial's code.
+DDP_MAINS = {
+    "torchrun": "demo_basic_elastic()\n",
+    "mp.spawn": "run_demo(demo_basic, {n})\n",
+}
 
 SIZES = {
     "full": {"workers": 3, "WIDTH": 512, "LAYERS": 4, "BATCH": 256, "STEPS": 20, "rounds": 3},
@@ -159,6 +257,71 @@ def run_torchrun(sizes: dict, timeout: float, workdir: Path) -> dict:
     return {"first_step_s": out["first_done"] - t0, "step_times": out["step_times"]}
 
 
+def run_tutorial_nbdist(shell: Any, n: int) -> dict:
+    """``run_demo(demo_basic, n)`` from a cell: once starting the world, once in it."""
+    import nbdist
+
+    nbdist.stop()
+    res = shell.run_cell(DDP_TUTORIAL, store_history=False)
+    if not res.success:
+        raise RuntimeError(f"the tutorial's cell failed: {res.error_in_exec!r}")
+    times = []
+    try:
+        for _ in range(2):
+            t0 = time.perf_counter()
+            res = shell.run_cell(f"run_demo(demo_basic, {n})", store_history=False)
+            times.append(time.perf_counter() - t0)
+            if not res.success:
+                raise RuntimeError(f"run_demo failed in the shell: {res.error_in_exec!r}")
+    finally:
+        nbdist.stop()
+    return {"start_s": times[0], "again_s": times[1]}
+
+
+def run_tutorial_script(kind: str, n: int, timeout: float, workdir: Path) -> dict:
+    """The tutorial's code as a script, under torchrun or ``python`` (mp.spawn): time to done."""
+    script = workdir / "ddp_tutorial.py"
+    main = DDP_MAINS[kind].format(n=n)
+    code = DDP_TUTORIAL.replace("'12355'", f"'{_free_port()}'")  # 12355 may be taken here
+    script.write_text(code + DDP_ELASTIC + '\n\nif __name__ == "__main__":\n    ' + main)
+    cmd = [sys.executable, str(script)] if kind == "mp.spawn" else [
+        sys.executable, "-m", "torch.distributed.run", "--standalone",
+        f"--nproc-per-node={n}", str(script)]
+    env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_ENV}
+    env["PYTHONWARNINGS"] = "ignore"
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env,
+                          cwd=workdir)
+    seconds = time.perf_counter() - t0
+    if proc.returncode != 0 or proc.stdout.count("basic DDP example on rank") != n:
+        raise RuntimeError(f"{kind} exited with {proc.returncode}:\n{proc.stdout[-2000:]}\n"
+                           f"{proc.stderr[-3000:]}")
+    return {"done_s": seconds}
+
+
+#: What the shell's run left in this process's environment (the tutorial's setup() sets the
+#: first two on rank 0); a launched script starts without them, as from a fresh shell.
+_LAUNCHER_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK",
+                 "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def summarize_tutorial(rounds: list[dict]) -> dict:
+    """Median time to done of each kind (nbdist: starting its world, and in it)."""
+    def med(kind: str, key: str) -> float:
+        return statistics.median(r[key] for r in rounds if r["kind"] == kind)
+
+    return {"nbdist_start_s": med("nbdist", "start_s"), "nbdist_again_s": med("nbdist", "again_s"),
+            "torchrun_s": med("torchrun", "done_s"), "mp_spawn_s": med("mp.spawn", "done_s")}
+
+
 def _commit() -> dict:
     return {"commit": _common.measured_commit()}
 
@@ -201,7 +364,40 @@ def render(res: dict) -> str:
         f"torchrun takes {s['ratio_first_step']:.2f}x as long as the notebook's world to its "
         f"first step; a step from the notebook takes {s['ratio_step']:.2f}x torchrun's.",
     ]
+    t = res.get("tutorial")
+    if t is not None:
+        n = t["nprocs"]
+        lines += [
+            "", f"## The DDP tutorial's `run_demo(demo_basic, {n})`", "",
+            f"The tutorial's code (`setup` with port 12355, `demo_basic` on the CPU, `run_demo` "
+            f"calling `mp.spawn`), {n} processes; {t['rounds']} round(s) each, the order "
+            "alternating. Time to done: from the call (the launch) to the last rank's return.",
+            "", "| | time to done, s |", "|---|---|",
+            f"| nbdist: `run_demo` in a cell, no world yet (the spawn starts one) | "
+            f"{t['summary']['nbdist_start_s']:.2f} |",
+            f"| nbdist: `run_demo` again, in that world | {t['summary']['nbdist_again_s']:.2f} |",
+            f"| `torchrun --standalone` on the script | {t['summary']['torchrun_s']:.2f} |",
+            f"| `python script.py` (the tutorial's `mp.spawn`) | "
+            f"{t['summary']['mp_spawn_s']:.2f} |",
+        ]
     return "\n".join(lines) + "\n"
+
+
+def run_tutorial(shell: Any, sizes: dict, timeout: float, workdir: Path) -> dict:
+    """Every kind of the tutorial's ``run_demo``, taking turns."""
+    n, rounds = sizes["workers"] + 1, []
+    for i in range(sizes["rounds"]):
+        kinds = ("nbdist", "torchrun", "mp.spawn")
+        for kind in kinds if i % 2 == 0 else kinds[::-1]:
+            if kind == "nbdist":
+                r = run_tutorial_nbdist(shell, n)
+            else:
+                r = run_tutorial_script(kind, n, timeout, workdir)
+            rounds.append({"kind": kind, **r})
+            print(f"round {i + 1} tutorial {kind}: " + ", ".join(
+                f"{k} {v:.2f}s" for k, v in r.items()), flush=True)
+    return {"nprocs": n, "rounds": sizes["rounds"], "runs": rounds,
+            "summary": summarize_tutorial(rounds)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -234,8 +430,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"round {i + 1} {kind}: first step after {r['first_step_s']:.2f}s, "
                       f"median step {statistics.median(r['step_times']) * 1e3:.2f} ms",
                       flush=True)
+        tutorial = run_tutorial(shell, sizes, args.timeout, Path(tmp))
     res = {"mode": mode, "sizes": sizes, "machine": machine, "rounds": rounds,
-           "summary": summarize(rounds)}
+           "summary": summarize(rounds), "tutorial": tutorial}
     (out / "spmd.json").write_text(json.dumps(res, indent=1) + "\n")
     text = render(res)
     (out / "spmd.md").write_text(text)

@@ -9,6 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from .cluster import Cluster, current, release_hosts, start, stop
+from .cluster import spawn as _spawn
+from .cluster.router import in_jupyter as _in_jupyter
 from .errors import (
     ClusterStateError,
     DistCellError,
@@ -78,8 +80,9 @@ def device() -> Any:
 
 
 def load_ipython_extension(ipython: Any) -> None:
-    """``%load_ext nbdist``: register the magics, and start the warm template in the
-    background (unless ``NBDIST_PREWARM=0``) so the first ``%dist_start`` is quick."""
+    """``%load_ext nbdist``: register the magics, start the warm template in the background
+    (unless ``NBDIST_PREWARM=0``) so the first ``%dist_start`` is quick, and let
+    ``mp.spawn`` run a cell's function in a world (unless ``NBDIST_SPAWN=0``)."""
     from .cluster.session import SESSION
     from .display.magic import register
     from .magics import DistMagics
@@ -88,6 +91,7 @@ def load_ipython_extension(ipython: Any) -> None:
     register(ipython)
     ipython.events.register("pre_run_cell", _new_cell)
     SESSION.prewarm()
+    _spawn.install()
     _check_torch()
 
 
@@ -108,6 +112,10 @@ def _check_torch() -> None:
         lines = [f"nbdist: could not check this torch's private names ({exc!r})"]
     for line in lines:
         print(line, file=sys.stderr)
+
+
+if _in_jupyter():  # ``import nbdist`` in a kernel: mp.spawn of a cell's function works too
+    _spawn.install()
 
 
 def _new_cell(*_: Any) -> None:

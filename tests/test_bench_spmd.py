@@ -33,3 +33,14 @@ def test_the_training_code_binds_its_sizes_first():
     assert code.startswith("WIDTH = 16\nLAYERS = 2\nBATCH = 8\nSTEPS = 3\n")
     assert "fully_shard(model, mesh=mesh)" in code
     compile(spmd.TORCHRUN_MAIN.format(code=code), "spmd_step.py", "exec")
+
+
+def test_tutorial_summary_medians_each_kind():
+    rounds = [{"kind": "nbdist", "start_s": 2.0, "again_s": 0.4},
+              {"kind": "torchrun", "done_s": 9.0}, {"kind": "mp.spawn", "done_s": 7.0},
+              {"kind": "mp.spawn", "done_s": 5.0}, {"kind": "torchrun", "done_s": 11.0},
+              {"kind": "nbdist", "start_s": 1.0, "again_s": 0.2}]
+    s = spmd.summarize_tutorial(rounds)
+    assert s == pytest.approx({"nbdist_start_s": 1.5, "nbdist_again_s": 0.3,
+                               "torchrun_s": 10.0, "mp_spawn_s": 6.0})
+    compile(spmd.DDP_TUTORIAL + spmd.DDP_ELASTIC + spmd.DDP_MAINS["torchrun"], "t.py", "exec")

@@ -22,9 +22,11 @@ SENT_KEPT = 100  # cells whose targets are remembered until their report
 
 class CellResults(dict):
     """rank -> ``Result`` (None: its process ended first), with ``sent``: the ``RankInfo``
-    each rank had when the cell was sent (a keep-restart may have replaced it since)."""
+    each rank had when the cell was sent (a keep-restart may have replaced it since), and
+    ``finished``: when each result arrived."""
 
     sent: dict[int, RankInfo] = {}
+    finished: dict[int, float] = {}  # rank -> when its result arrived (time.monotonic())
 
 
 class Cells:
@@ -119,6 +121,11 @@ class Cells:
                 self._results.pop(exec_id, None)
                 self._finished.pop(exec_id, None)
 
+    def pending(self, exec_id: int, targets: list[int]) -> list[int]:
+        """The targets that may still answer cell ``exec_id`` (a look; nothing is waited for)."""
+        with self.cv:
+            return self._pending(exec_id, targets)
+
     def _pending(self, exec_id: int, targets: list[int]) -> list[int]:
         got = self._results.get(exec_id, {})
         sent = self._sent.get(exec_id, {})
@@ -150,6 +157,7 @@ class Cells:
                     for r in targets:
                         got.setdefault(r, None)  # None: the rank died
                     got.sent = self._sent.pop(exec_id, {})
+                    got.finished = dict(self._finished.get(exec_id, {}))
                     return got
                 if now >= next_status:
                     status = status or StatusLine()

@@ -1,0 +1,129 @@
+"""``torch.multiprocessing.spawn`` and ``start_processes`` asked of the world first.
+
+``mp.spawn(fn, nprocs=K)`` pickles ``fn`` by reference for K fresh interpreters, so a function
+defined in a notebook cell never reaches them ("Can't get attribute 'demo_basic' on <module
+'__main__'>"). This patch puts a wrapper in place of ``start_processes`` (in
+``torch.multiprocessing`` and in its ``spawn`` module, whose ``spawn`` calls it by that name):
+the wrapper asks the taker ``attach`` registered (nbdist's cluster layer) whether it runs the
+call in a world; the taker answers ``DECLINE`` where torch should do it as usual.
+
+The patch is made as soon as ``torch.multiprocessing`` exists: at ``install`` if torch is
+imported already, else right after its import (a finder on ``sys.meta_path`` that steps aside
+once it has done so), so ``%load_ext nbdist`` need not import torch. ``NBDIST_SPAWN=0`` turns
+it off (read at every call): torch's own function runs.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from ..envflag import switched_on
+
+__all__ = ["DECLINE", "ENV", "attach", "install", "installed", "original"]
+
+ENV = "NBDIST_SPAWN"
+_PACKAGE = "torch.multiprocessing"
+_MODULE = "torch.multiprocessing.spawn"
+
+
+class _Decline:
+    def __repr__(self) -> str:
+        return "DECLINE"
+
+
+DECLINE = _Decline()  # the taker's answer: torch runs the call itself
+
+Taker = Callable[[Callable, tuple, int, bool, bool, str], Any]
+
+
+class _State:
+    taker: Taker | None = None
+    original: Callable | None = None  # torch's start_processes
+    hook: Any = None  # the finder waiting for torch.multiprocessing
+    lock = threading.Lock()
+
+
+def attach(taker: Taker) -> None:
+    """``taker(fn, args, nprocs, join, daemon, start_method)`` is asked at every call; it
+    returns what the call returns, or ``DECLINE``."""
+    _State.taker = taker
+
+
+def original() -> Callable | None:
+    """torch's own ``start_processes`` (None until the patch is made)."""
+    return _State.original
+
+
+def installed() -> bool:
+    """Whether torch's ``start_processes`` is replaced in this process."""
+    return _State.original is not None
+
+
+def install() -> None:
+    """Patch now if ``torch.multiprocessing`` is imported, else right after it is (idempotent)."""
+    with _State.lock:
+        if _State.original is not None:
+            return
+        if _PACKAGE in sys.modules and _MODULE in sys.modules:
+            _patch()
+        elif _State.hook is None:
+            _State.hook = _AfterImport()
+            sys.meta_path.insert(0, _State.hook)
+
+
+def start_processes(fn: Callable, args: tuple = (), nprocs: int = 1, join: bool = True,
+                    daemon: bool = False, start_method: str = "spawn") -> Any:
+    """torch's ``start_processes``, run by nbdist's world where it takes the call."""
+    taker, orig = _State.taker, _State.original
+    assert orig is not None
+    if taker is not None and switched_on(ENV):
+        got = taker(fn, tuple(args), nprocs, join, daemon, start_method)
+        if got is not DECLINE:
+            return got
+    return orig(fn, args, nprocs, join, daemon, start_method)
+
+
+def _patch() -> None:
+    """Replace ``start_processes`` where torch's code and users look it up."""
+    module, package = sys.modules[_MODULE], sys.modules[_PACKAGE]
+    orig = getattr(module, "start_processes", None)
+    if not callable(orig) or orig is start_processes:
+        return
+    start_processes.__doc__ = orig.__doc__ or start_processes.__doc__
+    _State.original = orig
+    module.start_processes = start_processes
+    if getattr(package, "start_processes", None) is orig:
+        package.start_processes = start_processes
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Finds ``torch.multiprocessing`` as the other finders do, and patches it once it ran."""
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != _PACKAGE:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return None
+        run = spec.loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            run(module)
+            with _State.lock:
+                _remove_hook()
+                if _MODULE in sys.modules:
+                    _patch()
+
+        spec.loader.exec_module = exec_module  # this spec's own loader object
+        return spec
+
+
+def _remove_hook() -> None:
+    hook, _State.hook = _State.hook, None
+    if hook is not None and hook in sys.meta_path:
+        sys.meta_path.remove(hook)
