@@ -20,6 +20,7 @@ from typing import Any
 
 from ..proc.procstat import Sampler
 from ..table import html_table, text_table
+from ..telemetry import tracing
 
 __all__ = ["HostTable", "StatusTable", "collect_status", "host_status", "remote_samples"]
 
@@ -190,7 +191,8 @@ def _ask(wanted: list[tuple[dict, str, tuple]], fn: Any, key: str, timeout: floa
         try:
             import torch.distributed.rpc as rpc
 
-            asked.append((row, rpc.rpc_async(name, fn, args=args, timeout=timeout)))
+            with tracing.paused():  # a status probe is not the user's RPC (dashboard panels)
+                asked.append((row, rpc.rpc_async(name, fn, args=args, timeout=timeout)))
         except Exception:  # noqa: BLE001 - a status column, never an error
             row[key] = None
     deadline = time.monotonic() + timeout
