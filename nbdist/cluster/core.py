@@ -70,10 +70,7 @@ def start(n: int, *, name: str = "worker0", worker_name: str = "worker{rank}",
                      start_timeout, hosts=parse_hosts(hosts, slurm_hosts), iface=iface,
                      launcher=launcher, remote_python=remote_python, gpus=gpus,
                      device_maps=device_maps, heal=heal, rpc=rpc).validate()
-    if current() is not None:
-        raise ClusterStateError("a world is already running; use `%dist_restart` (or "
-                                "`nbdist.current().restart()`) to start a new one, or "
-                                "`%dist_stop` first")
+    _refuse_a_second_world()
     cluster = Cluster(spec)
     cluster._start(quiet=quiet)
     return cluster
@@ -97,6 +94,17 @@ def restart(n: int | None = None, *, keep: bool = False, quiet: bool = False,
     cluster = Cluster(_changed(Cluster.last_spec, n, changes))
     cluster._start(quiet=quiet)
     return cluster
+
+
+def _refuse_a_second_world(handle: Cluster | None = None) -> None:
+    """A world other than ``handle``'s runs in this process: starting another would only
+    meet torch's "RPC is already initialized", so say what to do instead."""
+    c = current()
+    if c is not None and c is not handle:
+        raise ClusterStateError("a world is already running in this process "
+                                "(`nbdist.current()`); use `%dist_restart` (or "
+                                "`nbdist.current().restart()`) to start a new one, or "
+                                "`%dist_stop` first")
 
 
 def _changed(spec: WorldSpec, n: int | None, changes: dict[str, Any]) -> WorldSpec:
@@ -129,6 +137,11 @@ class Cluster:
     last_spec: ClassVar[WorldSpec | None] = None
 
     def __init__(self, spec: WorldSpec) -> None:
+        self._build(spec)
+
+    def _build(self, spec: WorldSpec) -> None:
+        """Fresh parts for a world of ``spec`` (at creation, and at each full restart: the
+        handle a user holds stays the handle of the current world)."""
         self.spec = spec
         self.names = spec.names()
         self.started_at = time.time()
@@ -169,6 +182,7 @@ class Cluster:
         return self._world.startup_seconds
 
     def _start(self, quiet: bool) -> None:
+        _refuse_a_second_world(self)
         self._world.check()  # bad --iface or --launcher: ValueError before anything starts
         Cluster.last_spec = self.spec
         self._world.start(quiet)
@@ -305,6 +319,10 @@ class Cluster:
         return self.spec.world_size
 
     def _require_running(self, doing: str = "do that") -> None:
+        other = current()
+        if other is not None and other is not self:
+            raise ClusterStateError(f"cannot {doing}: this handle's world was stopped; the "
+                                    "running one is `nbdist.current()`")
         if not self._settled.is_set():  # --heal is rebuilding the world: wait for it
             self._settled.wait(self.spec.start_timeout + 5.0)
         self.state.require(ClusterState.RUNNING, doing=doing)
@@ -337,7 +355,8 @@ class Cluster:
     def restart(self, n: int | None = None, *, keep: bool = False, quiet: bool = False,
                 **changes: Any) -> Cluster:
         """Stop this world and start a new one; unspecified settings stay as they were
-        (``hosts=()`` drops the hosts).
+        (``hosts=()`` drops the hosts). Returns this ``Cluster``, now the handle of the new
+        world (as ``nbdist.current()`` is).
 
         ``keep=True`` (``%dist_restart --keep``) rebuilds this world in place and returns
         this ``Cluster``: live workers keep their process and ``__main__`` (variables, open
@@ -347,6 +366,7 @@ class Cluster:
         line says which ranks kept their state. A rank whose host changes starts fresh.
         """
         spec = _changed(self.spec, n, changes)
+        _refuse_a_second_world(self)
         if keep and self.running:
             self._rebuild(spec, quiet)
             return self
@@ -354,9 +374,9 @@ class Cluster:
             print("nbdist: this world is not running, so no rank has state to keep; "
                   "starting a fresh one")
         self.stop()
-        cluster = Cluster(spec)
-        cluster._start(quiet=quiet)
-        return cluster
+        self._build(spec)
+        self._start(quiet=quiet)
+        return self
 
     def _rebuild(self, spec: WorldSpec, quiet: bool, healing: list[int] | None = None) -> None:
         """``restart(keep=True)`` of a running world (``healing``: the ranks --heal replaces)."""
