@@ -9,10 +9,14 @@ ifeq ($(strip $(TORCH)),)
 VENV := .venv
 CONSTRAINTS := constraints.txt
 WANT_TORCH := $(shell sed -n 's/^torch==//p' constraints.txt)
+PIP_ENV :=
 else
 WANT_TORCH := $(TORCH)
 VENV := .venv-torch-$(TORCH)
 CONSTRAINTS := $(VENV)/constraints.txt
+# A constraint file set in pip's own configuration (global.constraint) may cap torch below the
+# version asked for; the environment variable overrides that value, for this venv's pip only.
+PIP_ENV := PIP_CONSTRAINT=$(CONSTRAINTS)
 endif
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -25,7 +29,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install -q --upgrade pip
 	if [ "$(CONSTRAINTS)" != constraints.txt ]; then \
 		sed 's/^torch==.*/torch==$(TORCH)/' constraints.txt > $(CONSTRAINTS); fi
-	$(BIN)/python -m pip install -q -c $(CONSTRAINTS) -e ".[test,tutorials,bench,browser]"
+	$(PIP_ENV) $(BIN)/python -m pip install -q -c $(CONSTRAINTS) -e ".[test,tutorials,bench,browser]"
 	$(BIN)/python -c "import sys, torch; v = torch.__version__.split('+')[0]; \
 		sys.exit(None if v == '$(WANT_TORCH)' else 'installed torch ' + v + ', not $(WANT_TORCH)')"
 	touch $(STAMP)

@@ -30,7 +30,7 @@ __all__ = ["FEATURES", "PRIVATES", "VERIFIED", "Private", "problems", "report", 
 
 # torch versions the whole suite passed on (README "Torch versions"); entries verified on
 # fewer say so in their own ``verified``.
-VERIFIED = ("2.11.0", "2.13.0", "2.14.1")
+VERIFIED = ("2.11.0", "2.13.0", "2.14.1", "2.15.0")
 
 # feature -> what the user loses when it cannot be installed on their torch
 FEATURES = {
