@@ -17,6 +17,7 @@ import time
 import weakref
 from typing import Any
 
+from ..patches import quiet
 from .protocol import Output
 
 __all__ = ["ChannelStream", "capture_fds"]
@@ -103,6 +104,8 @@ def _pump(fd: int, channel: Any, rank: int, name: str) -> None:
         if not data:
             return
         text = decoder.decode(data)
+        if name == "stdout":
+            text = quiet.drop_stdout_noise(text)
         if text:
             try:
                 channel.send(Output(rank, name, text), droppable=True)
