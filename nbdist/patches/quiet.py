@@ -47,9 +47,18 @@ GLOO_CONNECTED = re.compile(r"^\[Gloo\] Rank \d+ is connected to \d+ peer ranks\
                             r"of connected peer ranks is : \d+\n", re.MULTILINE)
 
 
-def drop_stdout_noise(text: str) -> str:
-    """``text`` (what a worker wrote to fd 1) without Gloo's connection lines."""
-    return GLOO_CONNECTED.sub("", text) if "[Gloo] Rank " in text else text
+def drop_stdout_noise(text: str, held: str = "") -> tuple[str, str]:
+    """What a worker wrote to fd 1 (``held``: the part kept back last time, then ``text``)
+    without Gloo's connection lines: ``(text to pass on, partial line to hold)``. Gloo may
+    write its line in pieces, so an unfinished line that could be one is held (never long)."""
+    text = held + text
+    head, newline, tail = text.rpartition("\n")
+    whole = head + newline
+    if "[Gloo] Rank " in whole:
+        whole = GLOO_CONNECTED.sub("", whole)
+    if tail and len(tail) < 256 and (tail.startswith("[Gloo] ") or "[Gloo] ".startswith(tail)):
+        return whole, tail
+    return whole + tail, ""
 
 
 MAX_PARTIAL = 64 * 1024  # bytes of an unfinished line held back, at most

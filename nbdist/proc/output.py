@@ -96,6 +96,7 @@ def capture_fds(channel: Any, rank: int) -> None:
 
 def _pump(fd: int, channel: Any, rank: int, name: str) -> None:
     decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    held = ""
     while True:
         try:
             data = os.read(fd, 65536)
@@ -105,7 +106,7 @@ def _pump(fd: int, channel: Any, rank: int, name: str) -> None:
             return
         text = decoder.decode(data)
         if name == "stdout":
-            text = quiet.drop_stdout_noise(text)
+            text, held = quiet.drop_stdout_noise(text, held)
         if text:
             try:
                 channel.send(Output(rank, name, text), droppable=True)
