@@ -1,18 +1,24 @@
 # nbdist: `make demo` runs the quickstart notebook headless; `make test` runs the tests.
 # Both create the virtual environment first if it is missing.
-# `make test TORCH=2.14.1` (or test-fast, bench, lint) does the same in .venv-torch-2.14.1, a
+# `make test TORCH=2.15.0` (or test-fast, bench, lint) does the same in .venv-torch-2.15.0, a
 # venv with that torch and everything else as constraints.txt pins it: a user checks their own
-# torch this way, and CI checks a second one.
+# torch this way, and CI checks the newest and the oldest of the accepted range.
 PY ?= python3
 TORCH ?=
 ifeq ($(strip $(TORCH)),)
 VENV := .venv
 CONSTRAINTS := constraints.txt
 WANT_TORCH := $(shell sed -n 's/^torch==//p' constraints.txt)
+PIP_ENV :=
 else
 WANT_TORCH := $(TORCH)
 VENV := .venv-torch-$(TORCH)
 CONSTRAINTS := $(VENV)/constraints.txt
+# A constraint file set in pip's own configuration (global.constraint) may cap torch below the
+# version asked for; the environment variable overrides that value, for this venv's pip only.
+# nbdist itself goes in without its dependencies, which follow without its torch range: a
+# torch outside the range can be checked (that is how the range grows).
+PIP_ENV := PIP_CONSTRAINT=$(CONSTRAINTS)
 endif
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -23,9 +29,17 @@ OUT := notebooks/_out
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	if [ "$(CONSTRAINTS)" != constraints.txt ]; then \
-		sed 's/^torch==.*/torch==$(TORCH)/' constraints.txt > $(CONSTRAINTS); fi
+ifeq ($(strip $(TORCH)),)
 	$(BIN)/python -m pip install -q -c $(CONSTRAINTS) -e ".[test,tutorials,bench,browser]"
+else
+	sed 's/^torch==.*/torch==$(TORCH)/' constraints.txt > $(CONSTRAINTS)
+	$(PIP_ENV) $(BIN)/python -m pip install -q --no-deps -e .
+	$(BIN)/python -c "from importlib.metadata import requires; print('\n'.join( \
+		r.split(';')[0] for r in requires('nbdist') if not r.startswith('torch')))" \
+		> $(VENV)/requirements.txt
+	$(PIP_ENV) $(BIN)/python -m pip install -q -c $(CONSTRAINTS) torch==$(TORCH) \
+		-r $(VENV)/requirements.txt
+endif
 	$(BIN)/python -c "import sys, torch; v = torch.__version__.split('+')[0]; \
 		sys.exit(None if v == '$(WANT_TORCH)' else 'installed torch ' + v + ', not $(WANT_TORCH)')"
 	touch $(STAMP)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import linux  # noqa: F401  first: on another platform, one line instead of a failure later
 from .cluster import Cluster, current, release_hosts, start, stop
 from .cluster import spawn as _spawn
 from .cluster.router import in_jupyter as _in_jupyter

@@ -10,7 +10,7 @@ import sys
 import pytest
 from conftest import wait_until
 
-from nbdist.patches.quiet import MAX_PARTIAL, filter_chunk, filter_lines
+from nbdist.patches.quiet import MAX_PARTIAL, drop_stdout_noise, filter_chunk, filter_lines
 
 TRACE = [
     b"[E1121 09:15:33.120 rref_impl.cpp:108] Error occurred when deletingUserRRef(rref_id=G"
@@ -55,6 +55,23 @@ def test_a_huge_unfinished_line_passes_through_in_pieces():
         out += out_piece
         assert len(held) <= MAX_PARTIAL
     assert len(out) + len(held) == 40 * 4096 and out.startswith(b"[x")
+
+
+def test_drops_gloos_connection_lines_from_a_workers_stdout_only():
+    """torch 2.10 (and older) prints one on stdout each time a rank joins a Gloo group,
+    sometimes in pieces."""
+    gloo = "[Gloo] Rank 2 is connected to 3 peer ranks. Expected number of connected peer " \
+           "ranks is : 3\n"
+    assert drop_stdout_noise("a\n" + gloo + "b\n" + gloo) == ("a\nb\n", "")
+    said = "print('[Gloo] Rank 2 is connected')\n"
+    assert drop_stdout_noise(said) == (said, "")
+    assert drop_stdout_noise("x " + gloo) == ("x " + gloo, "")  # only whole lines
+    out, held = "", ""
+    for piece in ("a\n[Gl", gloo[3:40], gloo[40:], "b"):
+        sent, held = drop_stdout_noise(piece, held)
+        out += sent
+    assert (out, held) == ("a\nb", "")
+    assert drop_stdout_noise("no newline yet") == ("no newline yet", "")
 
 
 def test_drops_the_lines_a_world_ending_after_dist_autograd_causes():

@@ -9,6 +9,7 @@ import psutil
 import pytest
 
 import nbdist
+from nbdist.cluster import restart
 
 SHAPES = [  # restarts keep unnamed settings, so each shape names what it needs
     "1 --name worker0 --worker-name worker{rank}",
@@ -85,3 +86,59 @@ def test_dist_restart_after_dist_stop_keeps_every_flag(ipython):
     ipython.run_line_magic("dist_stop", "")
     ipython.run_line_magic("dist_restart", "2 --threads 2")
     assert nbdist.current().spec == replace(spec, n=2, threads=2)
+
+
+# -- the handle a user holds (issue 30) -------------------------------------------------------
+SCRIPT = r"""
+import nbdist
+from nbdist.cluster import restart
+c = nbdist.start(2, quiet=True)
+pids = [c.worker_pids()]
+for _ in range(3):  # the second call used to fail: "RPC is already initialized"
+    assert c.restart(quiet=True) is c
+    pids.append(c.worker_pids())
+assert nbdist.current() is c
+print("RESULT", c.run("6 * 7", show=False), len({p for ps in pids for p in ps}))
+c.stop()
+"""
+
+
+def test_restarting_the_same_handle_in_a_plain_script():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True,
+                         timeout=240)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "RESULT {1: '42', 2: '42'} 8" in out.stdout, out.stdout  # 4 worlds, fresh workers
+
+
+def test_a_restarted_handle_is_the_current_world(world):
+    c = world(1)
+    old = c.worker_pids()
+    c2 = c.restart(2, quiet=True)
+    assert c2 is c and nbdist.current() is c and c.running and c.world_size == 3
+    assert set(c.worker_pids()).isdisjoint(old)
+    c.stop()
+    assert nbdist.current() is None
+    assert c.restart(quiet=True) is c and c.running  # after a stop too
+    assert c.run("1 + 1", show=False) == {1: "2", 2: "2"}
+
+
+def test_a_second_world_is_refused_in_nbdists_words(world):
+    c = world(1)
+    c.stop()
+    other = restart(quiet=True)  # the module's restart after a stop: a new handle
+    try:
+        assert other is not c and nbdist.current() is other
+        for attempt in (lambda: c.restart(quiet=True), lambda: nbdist.start(1, quiet=True),
+                        lambda: c.run("1", show=False)):
+            with pytest.raises(nbdist.ClusterStateError) as info:
+                attempt()
+            assert "nbdist.current()" in str(info.value)
+            assert "RPC is already initialized" not in str(info.value)
+        with pytest.raises(nbdist.ClusterStateError, match="a world is already running"):
+            c.restart(quiet=True)
+        assert other.running and other.run("3", show=False) == {1: "3"}
+    finally:
+        other.stop()

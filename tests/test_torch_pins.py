@@ -139,6 +139,31 @@ def test_every_private_name_checks_out_on_this_torch():
     assert torch_private.report() == []
 
 
+def test_the_accepted_range_is_the_verified_versions():
+    """pyproject.toml accepts from the oldest torch the whole suite passed on up to the newest,
+    2.15 (October 2026: what `pip install torch` gives a new user) included; the README's
+    table lists each of them."""
+    import re
+
+    from conftest import ROOT
+
+    from nbdist.patches import torch_private
+
+    def minor(version: str) -> tuple[int, int]:
+        major, minor = version.split(".")[:2]
+        return int(major), int(minor)
+
+    low, high = re.search(r'"torch>=([\d.]+),<([\d.]+)"',
+                          (ROOT / "pyproject.toml").read_text()).groups()
+    verified = sorted(minor(v) for v in torch_private.VERIFIED)
+    assert "2.15.0" in torch_private.VERIFIED
+    assert minor(low) == verified[0]
+    assert minor(high) == (verified[-1][0], verified[-1][1] + 1)
+    table = (ROOT / "README.md").read_text().split("## Torch versions", 1)[1].split("\n## ")[0]
+    for version in torch_private.VERIFIED:
+        assert f"\n| {version} |" in table, f"README's torch table lacks {version}"
+
+
 def test_every_private_torch_name_in_the_source_is_in_the_registry():
     """A new ``api._x``/``internal._x`` reach into torch must be listed (and so checked)."""
     import re

@@ -82,19 +82,22 @@ def start(n: int, *, name: str = "worker0", worker_name: str = "worker{rank}",
                      launcher=launcher, remote_python=remote_python, gpus=gpus,
                      device_maps=device_maps, heal=heal, rpc=rpc,
                      aggregate=aggregate, slurm=slurm).validate()
-    if current() is not None:
-        raise ClusterStateError("a world is already running; use `%dist_restart` (or "
-                                "`nbdist.current().restart()`) to start a new one, or "
-                                "`%dist_stop` first")
+    _refuse_a_second_world()
     return _start_new(spec, quiet)
 
 
-def _start_new(spec: WorldSpec, quiet: bool) -> Cluster:
-    """A new ``Cluster`` of ``spec`` on its scheduler's allocation, if any; a failed start
-    gives back an allocation it asked for itself (one kept from before stays)."""
+def _start_new(spec: WorldSpec, quiet: bool, handle: Cluster | None = None) -> Cluster:
+    """A world of ``spec`` on its scheduler's allocation, if any, in a new ``Cluster`` or in
+    ``handle`` (a full restart: the object a user holds stays the current world's handle); a
+    failed start gives back an allocation it asked for itself (one kept from before stays)."""
     before = SESSION.allocation
     try:
-        cluster = Cluster(allocation.provide(spec, quiet))
+        spec = allocation.provide(spec, quiet)
+        if handle is None:
+            cluster = Cluster(spec)
+        else:
+            cluster = handle
+            cluster._build(spec)
         cluster._start(quiet=quiet)
     except BaseException:
         if SESSION.allocation is not None and SESSION.allocation is not before:
@@ -119,6 +122,17 @@ def restart(n: int | None = None, *, keep: bool = False, quiet: bool = False,
     if keep and not quiet:
         print("nbdist: no world is running, so no rank has state to keep; starting a fresh one")
     return _start_new(_changed(Cluster.last_spec, n, changes), quiet)
+
+
+def _refuse_a_second_world(handle: Cluster | None = None) -> None:
+    """A world other than ``handle``'s runs in this process: starting another would only
+    meet torch's "RPC is already initialized", so say what to do instead."""
+    c = current()
+    if c is not None and c is not handle:
+        raise ClusterStateError("a world is already running in this process "
+                                "(`nbdist.current()`); use `%dist_restart` (or "
+                                "`nbdist.current().restart()`) to start a new one, or "
+                                "`%dist_stop` first")
 
 
 def _changed(spec: WorldSpec, n: int | None, changes: dict[str, Any]) -> WorldSpec:
@@ -156,6 +170,11 @@ class Cluster:
     last_spec: ClassVar[WorldSpec | None] = None
 
     def __init__(self, spec: WorldSpec) -> None:
+        self._build(spec)
+
+    def _build(self, spec: WorldSpec) -> None:
+        """Fresh parts for a world of ``spec`` (at creation, and at each full restart: the
+        handle a user holds stays the handle of the current world)."""
         self.spec = spec
         self.names = spec.names()
         self.started_at = time.time()
@@ -198,6 +217,7 @@ class Cluster:
         return self._world.startup_seconds
 
     def _start(self, quiet: bool) -> None:
+        _refuse_a_second_world(self)
         self._world.check()  # bad --iface or --launcher: ValueError before anything starts
         Cluster.last_spec = self.spec
         self._world.start(quiet)
@@ -348,6 +368,10 @@ class Cluster:
         return self.spec.world_size
 
     def _require_running(self, doing: str = "do that") -> None:
+        other = current()
+        if other is not None and other is not self:
+            raise ClusterStateError(f"cannot {doing}: this handle's world was stopped; the "
+                                    "running one is `nbdist.current()`")
         if not self._settled.is_set():  # --heal is rebuilding the world: wait for it
             self._settled.wait(self.spec.start_timeout + 5.0)
         self.state.require(ClusterState.RUNNING, doing=doing)
@@ -380,7 +404,8 @@ class Cluster:
     def restart(self, n: int | None = None, *, keep: bool = False, quiet: bool = False,
                 **changes: Any) -> Cluster:
         """Stop this world and start a new one; unspecified settings stay as they were
-        (``hosts=()`` drops the hosts).
+        (``hosts=()`` drops the hosts). Returns this ``Cluster``, now the handle of the new
+        world (as ``nbdist.current()`` is).
 
         ``keep=True`` (``%dist_restart --keep``) rebuilds this world in place and returns
         this ``Cluster``: live workers keep their process and ``__main__`` (variables, open
@@ -390,6 +415,7 @@ class Cluster:
         line says which ranks kept their state. A rank whose host changes starts fresh.
         """
         spec = _changed(self.spec, n, changes)
+        _refuse_a_second_world(self)
         if keep and spec.slurm and spec.slurm == self.spec.slurm and allocation.ended(spec):
             keep = False  # its ranks are gone: provide() asks again, and its line says so
         if keep and self.running:
@@ -399,7 +425,7 @@ class Cluster:
             print("nbdist: this world is not running, so no rank has state to keep; "
                   "starting a fresh one")
         self.stop()
-        return _start_new(spec, quiet)
+        return _start_new(spec, quiet, handle=self)
 
     def _rebuild(self, spec: WorldSpec, quiet: bool, healing: list[int] | None = None) -> None:
         """``restart(keep=True)`` of a running world (``healing``: the ranks --heal replaces)."""

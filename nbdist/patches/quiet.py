@@ -6,7 +6,9 @@ torch logs straight to file descriptor 2, which Jupyter shows in the running cel
   a failed release of the autograd context on a peer already gone, and a reply not sent
   because the agent is shutting down;
 - an error with a C++ stack trace when an RRef of an earlier, larger world is garbage-collected
-  (its owner no longer exists; there is nothing to tell it).
+  (its owner no longer exists; there is nothing to tell it);
+- on torch 2.10 and older, Gloo's "[Gloo] Rank N is connected to M peer ranks" on stdout each
+  time a rank joins a group: ``drop_stdout_noise`` takes it out of what a worker forwards.
 
 ``install()`` puts a filter thread between fd 2 and whatever fd 2 was (ipykernel's capture
 pipe, or the terminal) that drops exactly those messages and passes everything else through.
@@ -25,8 +27,9 @@ import threading
 import warnings
 from typing import Any
 
-__all__ = ["MAX_PARTIAL", "NOISE_BLOCK", "NOISE_LINE", "WARNINGS", "filter_chunk", "filter_lines",
-           "hide_warnings", "install", "installed"]
+__all__ = ["GLOO_CONNECTED", "MAX_PARTIAL", "NOISE_BLOCK", "NOISE_LINE", "WARNINGS",
+           "drop_stdout_noise", "filter_chunk", "filter_lines", "hide_warnings", "install",
+           "installed"]
 
 _PEER_GONE = rb"(pipe closed|eof|Connection reset by peer|connection closed)"
 NOISE_LINE = re.compile(
@@ -39,6 +42,24 @@ NOISE_BLOCK = re.compile(rb"Error occurred when deletingUserRRef|Detected RRef L
 # a noise block goes on while lines look like the rest of a C++ trace
 _BLOCK_TAIL = re.compile(rb"^(frame #\d+:|<omitting python frames>|Exception raised from|"
                          rb"Leaking RRef|\s*$)")
+
+GLOO_CONNECTED = re.compile(r"^\[Gloo\] Rank \d+ is connected to \d+ peer ranks\. Expected number "
+                            r"of connected peer ranks is : \d+\n", re.MULTILINE)
+
+
+def drop_stdout_noise(text: str, held: str = "") -> tuple[str, str]:
+    """What a worker wrote to fd 1 (``held``: the part kept back last time, then ``text``)
+    without Gloo's connection lines: ``(text to pass on, partial line to hold)``. Gloo may
+    write its line in pieces, so an unfinished line that could be one is held (never long)."""
+    text = held + text
+    head, newline, tail = text.rpartition("\n")
+    whole = head + newline
+    if "[Gloo] Rank " in whole:
+        whole = GLOO_CONNECTED.sub("", whole)
+    if tail and len(tail) < 256 and (tail.startswith("[Gloo] ") or "[Gloo] ".startswith(tail)):
+        return whole, tail
+    return whole + tail, ""
+
 
 MAX_PARTIAL = 64 * 1024  # bytes of an unfinished line held back, at most
 _installed = False

@@ -2,8 +2,9 @@
 
 torch.distributed.rpc is in maintenance mode upstream, but its private names still move
 between releases. Each name nbdist relies on is listed in ``PRIVATES`` with the feature that
-needs it, a check of its shape, and the torch versions it was verified on (by the whole test
-suite: ``make test TORCH=X``). ``problems()`` looks them all up once per process;
+needs it, a check of its shape, and the torch versions it was verified on (by the test
+suite, ``make test TORCH=X`` or ``make test-fast TORCH=X``: the README's table says which).
+``problems()`` looks them all up once per process;
 ``%load_ext nbdist`` prints one line per feature that cannot work on the torch at hand, naming
 what degrades ("Ctrl-C does not stop ... on torch 2.16.0"), or, when torch is not imported
 yet then (``%load_ext`` stays instant), the first world start does, before it patches
@@ -28,9 +29,10 @@ from typing import Any
 __all__ = ["FEATURES", "PRIVATES", "VERIFIED", "Private", "problems", "report", "report_once",
            "usable"]
 
-# torch versions the whole suite passed on (README "Torch versions"); entries verified on
-# fewer say so in their own ``verified``.
-VERIFIED = ("2.11.0", "2.13.0", "2.14.1")
+# torch versions the suite passed on, oldest first: pyproject.toml accepts exactly this range
+# and CI runs the fast suite on both ends (README "Torch versions" says which suite ran on
+# each); entries verified on fewer say so in their own ``verified``.
+VERIFIED = ("2.9.0", "2.10.0", "2.11.0", "2.13.0", "2.14.1", "2.15.0")
 
 # feature -> what the user loses when it cannot be installed on their torch
 FEATURES = {

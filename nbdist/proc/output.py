@@ -18,7 +18,7 @@ import time
 import weakref
 from typing import Any
 
-from ..patches.quiet import filter_chunk
+from ..patches import quiet
 from .protocol import Output
 
 __all__ = ["ChannelStream", "capture_fds"]
@@ -97,8 +97,9 @@ def capture_fds(channel: Any, rank: int) -> None:
 
 def _pump(fd: int, channel: Any, rank: int, name: str) -> None:
     decoder = codecs.getincrementaldecoder("utf-8")("replace")
-    quiet = name == "stderr"  # torch's C++ chatter nbdist causes (a keep-restart's eof lines)
-    held, in_block = b"", False
+    filtered = name == "stderr"  # torch's C++ chatter nbdist causes (a keep-restart's eof lines)
+    held_err, in_block = b"", False
+    held_out = ""  # the start of a stdout line that may be noise (Gloo's connection line)
     while True:
         try:
             data = os.read(fd, 65536)
@@ -106,9 +107,11 @@ def _pump(fd: int, channel: Any, rank: int, name: str) -> None:
             return
         if not data:
             return
-        if quiet:
-            data, held, in_block = filter_chunk(held + data, in_block)
+        if filtered:
+            data, held_err, in_block = quiet.filter_chunk(held_err + data, in_block)
         text = decoder.decode(data)
+        if name == "stdout":
+            text, held_out = quiet.drop_stdout_noise(text, held_out)
         if text:
             try:
                 channel.send(Output(rank, name, text), droppable=True)
