@@ -32,7 +32,7 @@ __all__ = ["FEATURES", "PRIVATES", "VERIFIED", "Private", "problems", "report", 
 # torch versions the suite passed on, oldest first: pyproject.toml accepts exactly this range
 # and CI runs the fast suite on both ends (README "Torch versions" says which suite ran on
 # each); entries verified on fewer say so in their own ``verified``.
-VERIFIED = ("2.9.0", "2.10.0", "2.11.0", "2.13.0", "2.14.1", "2.15.0")
+VERIFIED = ("2.8.0", "2.9.0", "2.10.0", "2.11.0", "2.13.0", "2.14.1", "2.15.0")
 
 # feature -> what the user loses when it cannot be installed on their torch
 FEATURES = {
