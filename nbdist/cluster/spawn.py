@@ -269,6 +269,11 @@ def _raised_class() -> type:
     class SpawnedRankError(ProcessRaisedException):
         """spawn's ``ProcessRaisedException`` from a rank of an nbdist world."""
 
+        def __init__(self, msg: str, error_index: int, error_pid: int) -> None:
+            super().__init__(msg, error_index, error_pid)
+            # torch <= 2.8 stores the pid as ``pid`` only, later ones as ``error_pid`` only
+            self.error_pid = self.pid = error_pid
+
         def _render_traceback_(self) -> list[str]:
             """IPython shows the rank's traceback, not nbdist's frames."""
             return [f"ProcessRaisedException: {self.msg.strip()}"]
