@@ -41,8 +41,13 @@ def test_destroy_then_free_a_hundred_times_in_one_kernel_while_a_core_is_busy(ke
         assert rep.status == "ok", rep
         assert f"[worker1] {LOOPS}" in rep.stdout, rep.stdout
         assert kernel.value("len(weights)") == LOOPS
-        kept = kernel.value("__import__('nbdist.patches.graveyard').patches.graveyard.kept()")
-        assert kept <= graveyard.CAP + 2, kept  # settled groups were freed on the way
+        # Settled groups beyond CAP are freed on the way; those buried in the last SETTLE
+        # seconds may still be kept (how many depends on the machine's speed), so let them
+        # settle and release once more: then no more than CAP may remain.
+        time.sleep(graveyard.SETTLE + 0.2)
+        kernel.execute("from nbdist.patches import graveyard as _grave\n_grave.release()")
+        kept = kernel.value("_grave.kept()")
+        assert kept <= graveyard.CAP, kept
         print(f"{LOOPS} demos in {seconds:.1f}s")
         assert kernel.execute("%dist_stop", timeout=60).status == "ok"
     finally:
