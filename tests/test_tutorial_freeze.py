@@ -45,7 +45,8 @@ def test_destroy_then_free_a_hundred_times_in_one_kernel_while_a_core_is_busy(ke
         # seconds may still be kept (how many depends on the machine's speed), so let them
         # settle and release once more: then no more than CAP may remain.
         time.sleep(graveyard.SETTLE + 0.2)
-        kernel.execute("from nbdist.patches import graveyard as _grave\n_grave.release()")
+        rep = kernel.execute("from nbdist.patches import graveyard as _grave\n_grave.release()")
+        assert rep.status == "ok", rep
         kept = kernel.value("_grave.kept()")
         assert kept <= graveyard.CAP, kept
         print(f"{LOOPS} demos in {seconds:.1f}s")
