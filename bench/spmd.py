@@ -48,6 +48,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -115,71 +116,27 @@ if dist.get_rank() == 0:
 dist.destroy_process_group()
 """
 
-#: demo_basic's training step, in both of the tutorial's versions (device: the CPU).
-_STEP = """
-    # create model and move it to GPU with id rank
-    model = ToyModel().to("cpu")
-    ddp_model = DDP(model, device_ids=None)
-
-    loss_fn = nn.MSELoss()
-    optimizer = optim.SGD(ddp_model.parameters(), lr=0.001)
-
-    optimizer.zero_grad()
-    outputs = ddp_model(torch.randn(20, 10))
-    labels = torch.randn(20, 5).to("cpu")
-    loss_fn(outputs, labels).backward()
-    optimizer.step()
-"""
-
-#: The DDP tutorial's code (pytorch/tutorials, intermediate_source/ddp_tutorial.rst) as the
-#: notebook pastes it: the launcher verbatim, the CUDA device of the demo changed to the CPU.
-DDP_TUTORIAL = """
-import os
-import torch
-import torch.distributed as dist
-import torch.nn as nn
-import torch.optim as optim
-import torch.multiprocessing as mp
-
-from torch.nn.parallel import DistributedDataParallel as DDP
+#: Notebook 11 pastes the DDP tutorial (pytorch/tutorials, intermediate_source/ddp_tutorial.rst)
+#: as published, the CUDA devices of its demos changed to the CPU; the bench runs those cells.
+NOTEBOOK = HERE.parent / "notebooks" / "11_ddp_tutorial.ipynb"
 
 
-def setup(rank, world_size):
-    os.environ['MASTER_ADDR'] = 'localhost'
-    os.environ['MASTER_PORT'] = '12355'
-
-    # initialize the process group
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
-
-
-def cleanup():
-    dist.destroy_process_group()
-
-
-class ToyModel(nn.Module):
-    def __init__(self):
-        super(ToyModel, self).__init__()
-        self.net1 = nn.Linear(10, 10)
-        self.relu = nn.ReLU()
-        self.net2 = nn.Linear(10, 5)
-
-    def forward(self, x):
-        return self.net2(self.relu(self.net1(x)))
+def _tutorial_cells() -> tuple[str, str]:
+    """Notebook 11's cells with the launcher (``setup``/``cleanup``) and ``demo_basic``/
+    ``run_demo``, and demo_basic's training step (between ``setup`` and ``cleanup``)."""
+    cells = json.loads(NOTEBOOK.read_text())["cells"]
+    code = ["".join(c["source"]) for c in cells if c["cell_type"] == "code"]
+    launcher = next(c for c in code if "def setup(" in c)
+    demo = next(c for c in code if "def demo_basic(" in c)
+    step = re.search(r"def demo_basic\(.*?setup\(rank, world_size\)\n(.*?)\n    cleanup\(\)",
+                     demo, re.S)
+    if step is None:
+        raise RuntimeError(f"{NOTEBOOK.name}: demo_basic no longer calls setup() then cleanup()")
+    return launcher + "\n\n" + demo + "\n", step.group(1) + "\n"
 
 
-def demo_basic(rank, world_size):
-    print(f"Running basic DDP example on rank {rank}.")
-    setup(rank, world_size)
-""" + _STEP + """
-    cleanup()
-
-
-def run_demo(demo_fn, world_size):
-    mp.spawn(demo_fn,
-             args=(world_size,),
-             nprocs=world_size,
-             join=True)
-"""
+#: The DDP tutorial's code as the notebook pastes it, and demo_basic's training step.
+DDP_TUTORIAL, _STEP = _tutorial_cells()
 
 #: The tutorial's torchrun variant of demo_basic (its ``elastic_ddp.py``): torchrun's agent
 #: keeps the rendezvous store, so ``setup()``'s MASTER_PORT would lead nowhere.

@@ -37,10 +37,22 @@ def test_the_training_code_binds_its_sizes_first():
 
 def test_tutorial_summary_medians_each_kind():
     rounds = [{"kind": "nbdist", "start_s": 2.0, "again_s": 0.4},
-              {"kind": "torchrun", "done_s": 9.0}, {"kind": "mp.spawn", "done_s": 7.0},
-              {"kind": "mp.spawn", "done_s": 5.0}, {"kind": "torchrun", "done_s": 11.0},
+              {"kind": "torchrun", "done_s": 9.0, "crashes": []},
+              {"kind": "mp.spawn", "done_s": 7.0, "crashes": []},
+              {"kind": "mp.spawn", "done_s": 5.0, "crashes": []},
+              {"kind": "torchrun", "done_s": 11.0,
+               "crashes": ["terminate called without an active exception"] * 2},
               {"kind": "nbdist", "start_s": 1.0, "again_s": 0.2}]
     s = spmd.summarize_tutorial(rounds)
     assert s == pytest.approx({"nbdist_start_s": 1.5, "nbdist_again_s": 0.3,
-                               "torchrun_s": 10.0, "mp_spawn_s": 6.0})
+                               "torchrun_s": 10.0, "mp_spawn_s": 6.0,
+                               "torchrun_crashes": 2, "mp_spawn_crashes": 0})
+
+
+def test_only_torchs_own_crashes_are_run_again():
+    log = ("Start running basic DDP example on rank 1.\n"
+           "terminate called without an active exception\n"
+           "failed (exitcode: -6) local_rank: 1\n")
+    assert spmd._torch_crash(log) == "terminate called without an active exception"
+    assert spmd._torch_crash("Traceback ...\nKeyError: 'RANK'\n") is None
     compile(spmd.DDP_TUTORIAL + spmd.DDP_ELASTIC + spmd.DDP_MAINS["torchrun"], "t.py", "exec")
