@@ -169,6 +169,7 @@ def script_add(x: torch.Tensor, y: int) -> torch.Tensor:
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:FutureWarning")  # 2.15
 def test_torchscript_functions_are_traced(world, tmp_path, monkeypatch):
     (tmp_path / "nbdist_scriptmod.py").write_text(SCRIPT_MODULE)
     monkeypatch.syspath_prepend(str(tmp_path))  # workers take this process's sys.path
