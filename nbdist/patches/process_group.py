@@ -112,6 +112,9 @@ def detach() -> None:
     alive, as any), and torch's functions behave as torch's again."""
     if _State.made:
         destroy_own()
+    close = getattr(_State.base, "close", None)  # a host world's store: its sockets end here
+    if close is not None:
+        close()
     _State.member = _State.own_group = _State.base = None
     _State.borrowed = False
 

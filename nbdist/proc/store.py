@@ -195,18 +195,32 @@ class StoreServer:
 
 
 class RemoteStore(dist.Store):
-    """A rank's view of the notebook's store: each operation is one request and its reply."""
+    """A rank's view of the notebook's store: each operation is one request and its reply.
+
+    Its connections (one per thread that used it) are closed by ``close``, which ``use`` calls
+    when a newer store replaces it (a keep-restart)."""
 
     def __init__(self, address: Address, authkey: bytes, timeout: float) -> None:
         super().__init__()
         self._address, self._key, self._wait_s = address, authkey, timeout
         self._local = threading.local()
+        self._chans: list[Channel] = []
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        """Close every thread's connection (a later operation connects again)."""
+        with self._lock:
+            chans, self._chans = self._chans, []
+        for chan in chans:
+            chan.close(timeout=0)
 
     def _call(self, op: StoreOp) -> Any:
         chan = getattr(self._local, "chan", None)
-        if chan is None:
+        if chan is None or chan.closed:
             chan = self._local.chan = connect(self._address, self._key, timeout=self._wait_s,
                                               name="the rendezvous store", threaded=False)
+            with self._lock:
+                self._chans.append(chan)
         chan.send(op)
         reply = chan.recv(timeout=(op.timeout or self._wait_s) + 10.0)
         if not isinstance(reply, StoreReply):
@@ -255,7 +269,9 @@ def _handler(url: str, **kwargs: Any) -> Iterator[tuple[dist.Store, int, int]]:
 def use(store: dist.Store) -> None:
     """Make ``store`` what ``nbdist://`` rendezvous URLs give in this process."""
     global _current
-    _current = store
+    previous, _current = _current, store
+    if isinstance(previous, RemoteStore) and previous is not store:
+        previous.close()  # its world is gone: its sockets are not left to the collector
     try:
         dist.register_rendezvous_handler(SCHEME, _handler)
     except RuntimeError:
