@@ -146,7 +146,9 @@ def demo_basic_elastic():
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     print(f"Start running basic DDP example on rank {rank}.")
-""" + _STEP
+""" + _STEP + """
+    dist.destroy_process_group()
+"""
 
 #: How each script kind calls the tutorial's code.
 DDP_MAINS = {
@@ -264,8 +266,9 @@ def run_tutorial_script(kind: str, n: int, timeout: float, workdir: Path) -> dic
                        + "; ".join(crashes))
 
 
-#: How often a script kind is run before its crashes count as the bench's failure.
-SCRIPT_TRIES = 3
+#: How often a script kind is run before its crashes count as the bench's failure: on torch
+#: 2.13 (CPU) the tutorial under torchrun aborted at exit in 4 of 10 runs, after its work.
+SCRIPT_TRIES = 6
 
 #: Crashes of plain torch's own run of the tutorial (not of the bench): the script's ranks die
 #: in torch's C++ at exit, e.g. a Gloo thread still joinable when its group is freed.
