@@ -47,6 +47,7 @@ def test_tutorial_summary_medians_each_kind():
     assert s == pytest.approx({"nbdist_start_s": 1.5, "nbdist_again_s": 0.3,
                                "torchrun_s": 10.0, "mp_spawn_s": 6.0,
                                "torchrun_crashes": 2, "mp_spawn_crashes": 0})
+    compile(spmd.DDP_TUTORIAL + spmd.DDP_ELASTIC + spmd.DDP_MAINS["torchrun"], "t.py", "exec")
 
 
 def test_only_torchs_own_crashes_are_run_again():
@@ -55,4 +56,3 @@ def test_only_torchs_own_crashes_are_run_again():
            "failed (exitcode: -6) local_rank: 1\n")
     assert spmd._torch_crash(log) == "terminate called without an active exception"
     assert spmd._torch_crash("Traceback ...\nKeyError: 'RANK'\n") is None
-    compile(spmd.DDP_TUTORIAL + spmd.DDP_ELASTIC + spmd.DDP_MAINS["torchrun"], "t.py", "exec")
