@@ -9,17 +9,17 @@ ifeq ($(strip $(TORCH)),)
 VENV := .venv
 CONSTRAINTS := constraints.txt
 WANT_TORCH := $(shell sed -n 's/^torch==//p' constraints.txt)
-PIP_ENV :=
 else
 WANT_TORCH := $(TORCH)
 VENV := .venv-torch-$(TORCH)
 CONSTRAINTS := $(VENV)/constraints.txt
-# A constraint file set in pip's own configuration (global.constraint) may cap torch below the
-# version asked for; the environment variable overrides that value, for this venv's pip only.
 # nbdist itself goes in without its dependencies, which follow without its torch range: a
 # torch outside the range can be checked (that is how the range grows).
-PIP_ENV := PIP_CONSTRAINT=$(CONSTRAINTS)
 endif
+# A constraint file set in pip's own configuration (global.constraint) may cap torch below the
+# version pinned or asked for; the environment variable overrides that value, for this venv's
+# pip only.
+PIP_ENV := PIP_CONSTRAINT=$(CONSTRAINTS)
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 OUT := notebooks/_out
@@ -30,7 +30,7 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 ifeq ($(strip $(TORCH)),)
-	$(BIN)/python -m pip install -q -c $(CONSTRAINTS) -e ".[test,tutorials,bench,browser]"
+	$(PIP_ENV) $(BIN)/python -m pip install -q -c $(CONSTRAINTS) -e ".[test,tutorials,bench,browser]"
 else
 	sed 's/^torch==.*/torch==$(TORCH)/' constraints.txt > $(CONSTRAINTS)
 	$(PIP_ENV) $(BIN)/python -m pip install -q --no-deps -e .
