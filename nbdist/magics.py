@@ -7,6 +7,7 @@ mistake becomes a ``UsageError`` that says what to do; nothing is started when o
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
 import shlex
 from typing import Any
@@ -69,6 +70,9 @@ def _start_args(f: Any) -> Any:
                       "state (gives up on a rank that dies 3 times in 60 s)"),
         argument("--no-heal", dest="heal", action="store_const", const=False,
                  help="(restart) stop healing"),
+        argument("--tabs", action=argparse.BooleanOptionalAction, default=None,
+                 help="%%%%dist cells show a live tab per rank (status badge, output) instead "
+                      "of one stream; a cell's --tabs/--no-tabs overrides it"),
         argument("--aggregate", default=None, choices=["on", "off", "auto"],
                  help="a line printed by several ranks at once shows once, led by the ranks "
                       "([worker1-12] ...); auto (default): on from 8 workers"),
@@ -175,6 +179,7 @@ class DistMagics(Magics):
         except ClusterStateError:
             raise UsageError("a world is already running; use `%dist_restart` to start a new one "
                              "(it takes the same flags), or `%dist_stop` first") from None
+        _set_tabs(args.tabs)
 
     @magic_arguments()
     @argument("n", nargs="?", default=None, help="number of worker ranks (default: as before)")
@@ -201,6 +206,7 @@ class DistMagics(Magics):
                 _cluster.restart(n, keep=args.keep, **_settings(args))
         except ValueError as exc:
             raise UsageError(f"%dist_restart: {exc}") from None
+        _set_tabs(args.tabs)
 
     @line_magic
     def dist_stop(self, line: str) -> None:
@@ -274,6 +280,9 @@ class DistMagics(Magics):
     @argument("--timeout", type=float, default=None, help="interrupt the cell after S seconds")
     @argument("--grid", action="store_true", help="lay each rank's rich outputs (plots, "
               "displays) side by side at the end of the cell, one column per rank")
+    @argument("--tabs", action=argparse.BooleanOptionalAction, default=None, help="a live "
+              "tab per rank with a status badge (running, done, failed, dead) and its output, "
+              "instead of one stream; default: the world's setting (%%dist_start --tabs)")
     @argument("--aggregate", default=None, choices=["on", "off"], help="this cell only: a "
               "line printed by several ranks at once shows once, led by the ranks (on), or "
               "once per rank (off); default: the world's setting")
@@ -292,14 +301,32 @@ class DistMagics(Magics):
         except ValueError as exc:
             raise UsageError(f"%%dist: {exc}") from None
         aggregate = _ON_OFF.get(args.aggregate)
-        if not args.local:
-            c.run(cell, ranks=targets, timeout=args.timeout, grid=args.grid,
-                  aggregate=aggregate)
-            return
-        from .cluster.spmd import run_with_local
+        with _tabs(c, targets, c.tabs if args.tabs is None else args.tabs):
+            if not args.local:
+                c.run(cell, ranks=targets, timeout=args.timeout, grid=args.grid,
+                      aggregate=aggregate)
+                return
+            from .cluster.spmd import run_with_local
 
-        with c.rich_cell(targets, grid=args.grid), c.aggregating(aggregate, targets):
-            run_with_local(c, self.shell, cell, targets, args.timeout)
+            with c.rich_cell(targets, grid=args.grid), c.aggregating(aggregate, targets):
+                run_with_local(c, self.shell, cell, targets, args.timeout)
+
+
+def _set_tabs(on: bool | None) -> None:
+    """``--tabs``/``--no-tabs`` of a start or restart: the world's setting for its cells."""
+    c = _cluster.current()
+    if on is not None and c is not None:
+        c.tabs = on
+
+
+def _tabs(c: _cluster.Cluster, targets: list[int], on: bool) -> Any:
+    """Around a ``%%dist`` cell: a tab per rank when ``on`` (the widget stack is imported
+    only then)."""
+    if not on:
+        return contextlib.nullcontext()
+    from .display.tabs import rank_tabs
+
+    return rank_tabs(c, targets)
 
 
 def _last_spec() -> Any:

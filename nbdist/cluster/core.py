@@ -171,6 +171,8 @@ class Cluster:
 
     def __init__(self, spec: WorldSpec) -> None:
         self._build(spec)
+        #: ``%%dist`` cells show a live tab per rank (``%dist_start --tabs``); kept by restarts
+        self.tabs = False
 
     def _build(self, spec: WorldSpec) -> None:
         """Fresh parts for a world of ``spec`` (at creation, and at each full restart: the

@@ -192,6 +192,7 @@ class Receiver:
             records.deliver(msg.batch)
         elif isinstance(msg, Result):
             self.router.flush(info.rank, release=False)  # the cell's end shows held lines
+            self.router.finished(info.rank, msg.status == "ok")
             self.cells.deliver(msg)
         elif isinstance(msg, Flushed):
             self.cells.flushed(info.rank, msg.token)
