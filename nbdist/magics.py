@@ -142,7 +142,7 @@ def _settings(args: Any) -> dict:
         "launcher": args.launcher, "remote_python": args.remote_python,
         "gpus": args.gpus, "device_maps": args.device_maps, "heal": args.heal,
         "rpc": args.rpc, "aggregate": _ON_OFF.get(args.aggregate, args.aggregate),
-        "slurm": args.slurm}.items()
+        "slurm": args.slurm, "tabs": args.tabs}.items()
         if v is not None}
 
 
@@ -179,7 +179,6 @@ class DistMagics(Magics):
         except ClusterStateError:
             raise UsageError("a world is already running; use `%dist_restart` to start a new one "
                              "(it takes the same flags), or `%dist_stop` first") from None
-        _set_tabs(args.tabs)
 
     @magic_arguments()
     @argument("n", nargs="?", default=None, help="number of worker ranks (default: as before)")
@@ -206,7 +205,6 @@ class DistMagics(Magics):
                 _cluster.restart(n, keep=args.keep, **_settings(args))
         except ValueError as exc:
             raise UsageError(f"%dist_restart: {exc}") from None
-        _set_tabs(args.tabs)
 
     @line_magic
     def dist_stop(self, line: str) -> None:
@@ -310,13 +308,6 @@ class DistMagics(Magics):
 
             with c.rich_cell(targets, grid=args.grid), c.aggregating(aggregate, targets):
                 run_with_local(c, self.shell, cell, targets, args.timeout)
-
-
-def _set_tabs(on: bool | None) -> None:
-    """``--tabs``/``--no-tabs`` of a start or restart: the world's setting for its cells."""
-    c = _cluster.current()
-    if on is not None and c is not None:
-        c.tabs = on
 
 
 def _tabs(c: _cluster.Cluster, targets: list[int], on: bool) -> Any:

@@ -130,9 +130,20 @@ def test_a_rank_that_dies_shows_dead(kernel):
 
 # -- where no widget can show ------------------------------------------------------------------
 def test_without_a_frontend_the_flat_stream_and_one_line(ipython, capsys):
-    ipython.run_line_magic("dist_start", "1")
+    import nbdist
+
+    ipython.run_line_magic("dist_start", "1 --tabs")
     capsys.readouterr()
-    ipython.run_cell_magic("dist", "--tabs", "print('plain')")
+    ipython.run_cell_magic("dist", "", "print('plain')")
     out = capsys.readouterr()
     assert "[worker1] plain" in out.out
     assert out.err.count("--tabs needs a Jupyter frontend") == 1
+    ipython.run_cell_magic("dist", "--no-tabs", "print('plain')")
+    assert "--tabs needs" not in capsys.readouterr().err
+    # the world's setting outlives a stop, as every flag not given again does
+    ipython.run_line_magic("dist_stop", "")
+    ipython.run_line_magic("dist_restart", "")
+    assert nbdist.current().tabs is True
+    nbdist.current().tabs = False
+    ipython.run_line_magic("dist_restart", "--keep")
+    assert nbdist.current().tabs is False
