@@ -7,6 +7,7 @@ mistake becomes a ``UsageError`` that says what to do; nothing is started when o
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
 import shlex
 from typing import Any
@@ -69,6 +70,9 @@ def _start_args(f: Any) -> Any:
                       "state (gives up on a rank that dies 3 times in 60 s)"),
         argument("--no-heal", dest="heal", action="store_const", const=False,
                  help="(restart) stop healing"),
+        argument("--tabs", action=argparse.BooleanOptionalAction, default=None,
+                 help="%%%%dist cells show a live tab per rank (status badge, output) instead "
+                      "of one stream; a cell's --tabs/--no-tabs overrides it"),
         argument("--aggregate", default=None, choices=["on", "off", "auto"],
                  help="a line printed by several ranks at once shows once, led by the ranks "
                       "([worker1-12] ...); auto (default): on from 8 workers"),
@@ -138,7 +142,7 @@ def _settings(args: Any) -> dict:
         "launcher": args.launcher, "remote_python": args.remote_python,
         "gpus": args.gpus, "device_maps": args.device_maps, "heal": args.heal,
         "rpc": args.rpc, "aggregate": _ON_OFF.get(args.aggregate, args.aggregate),
-        "slurm": args.slurm}.items()
+        "slurm": args.slurm, "tabs": args.tabs}.items()
         if v is not None}
 
 
@@ -274,6 +278,9 @@ class DistMagics(Magics):
     @argument("--timeout", type=float, default=None, help="interrupt the cell after S seconds")
     @argument("--grid", action="store_true", help="lay each rank's rich outputs (plots, "
               "displays) side by side at the end of the cell, one column per rank")
+    @argument("--tabs", action=argparse.BooleanOptionalAction, default=None, help="a live "
+              "tab per rank with a status badge (running, done, failed, dead) and its output, "
+              "instead of one stream; default: the world's setting (%%dist_start --tabs)")
     @argument("--aggregate", default=None, choices=["on", "off"], help="this cell only: a "
               "line printed by several ranks at once shows once, led by the ranks (on), or "
               "once per rank (off); default: the world's setting")
@@ -292,14 +299,25 @@ class DistMagics(Magics):
         except ValueError as exc:
             raise UsageError(f"%%dist: {exc}") from None
         aggregate = _ON_OFF.get(args.aggregate)
-        if not args.local:
-            c.run(cell, ranks=targets, timeout=args.timeout, grid=args.grid,
-                  aggregate=aggregate)
-            return
-        from .cluster.spmd import run_with_local
+        with _tabs(c, targets, c.tabs if args.tabs is None else args.tabs):
+            if not args.local:
+                c.run(cell, ranks=targets, timeout=args.timeout, grid=args.grid,
+                      aggregate=aggregate)
+                return
+            from .cluster.spmd import run_with_local
 
-        with c.rich_cell(targets, grid=args.grid), c.aggregating(aggregate, targets):
-            run_with_local(c, self.shell, cell, targets, args.timeout)
+            with c.rich_cell(targets, grid=args.grid), c.aggregating(aggregate, targets):
+                run_with_local(c, self.shell, cell, targets, args.timeout)
+
+
+def _tabs(c: _cluster.Cluster, targets: list[int], on: bool) -> Any:
+    """Around a ``%%dist`` cell: a tab per rank when ``on`` (the widget stack is imported
+    only then)."""
+    if not on:
+        return contextlib.nullcontext()
+    from .display.tabs import rank_tabs
+
+    return rank_tabs(c, targets)
 
 
 def _last_spec() -> Any:

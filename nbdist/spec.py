@@ -57,6 +57,7 @@ class WorldSpec:
     rpc: bool = True  # False: no torch RPC agent on any rank, a process group instead
     aggregate: bool | str = "auto"  # equal lines of many ranks shown once (``aggregates``)
     slurm: str | None = None  # sbatch options: the hosts are the nodes of one allocation
+    tabs: bool = False  # ``%%dist`` cells show a live tab per rank (``--tabs``)
 
     def __post_init__(self) -> None:
         # ``worker_name=["ps", "trainer{rank}"]`` from Python is the list ``ps,trainer{rank}``
@@ -87,6 +88,8 @@ class WorldSpec:
                              f"got {self.rpc_timeout!r}")
         if not isinstance(self.rpc, bool):
             raise ValueError(f"rpc must be True or False, got {self.rpc!r}")
+        if not isinstance(self.tabs, bool):
+            raise ValueError(f"tabs must be True or False, got {self.tabs!r}")
         if self.aggregate not in (True, False, "auto"):
             raise ValueError(f"aggregate must be True, False or 'auto' (`--aggregate "
                              f"on|off|auto`), got {self.aggregate!r}")

@@ -1,4 +1,5 @@
-"""The dashboard in a real JupyterLab, driven by headless Chromium through Playwright.
+"""The dashboard, progress lines, rank tabs and workers' widgets in a real JupyterLab,
+driven by headless Chromium through Playwright.
 
 A private JupyterLab (loopback, random free port, token, temp root and config dirs, no news
 or update checks, read-only extension manager) serves a notebook that starts a world, shows
@@ -280,6 +281,80 @@ def test_progress_bars_update_in_place_per_rank_in_jupyterlab(lab, page):
     final = _bars(page)
     assert all(len(lines) == 1 for lines in final.values()), final
     page.screenshot(path=str(ARTIFACTS / "browser_progress_final.png"), full_page=True)
+
+
+WIDGET_CELLS = [
+    "%load_ext nbdist",
+    "%dist_start 2",
+    "%%dist --tabs\nimport os, time\ni = 0\n"
+    f"while not os.path.exists({STOP_FILE!r}) and i < 3000:\n"
+    "    print(f'step {i}', flush=True)\n    i += 1\n    time.sleep(0.1)",
+    "%%dist --ranks 1\nimport os, time\nfrom tqdm.notebook import tqdm\n"
+    "bar = tqdm(total=3000, desc='train')\n"
+    f"while not os.path.exists({STOP_FILE + '-bar'!r}) and bar.n < 3000:\n"
+    "    bar.update(1)\n    time.sleep(0.1)\nbar.close()",
+    "%dist_stop",
+]
+
+
+def _cell(page, index: int):
+    return page.locator(".jp-Notebook .jp-Cell").nth(index)
+
+
+def _tab_titles(page) -> list[str]:
+    tabs = _cell(page, 2).locator(".lm-TabBar-tab")
+    return [tabs.nth(i).inner_text().strip() for i in range(tabs.count())]
+
+
+def _tab_text(page) -> str:
+    """The text of the tab shown (worker1's, the first)."""
+    panes = _cell(page, 2).locator(".widget-tab-contents .widget-html")
+    return panes.first.inner_text() if panes.count() else ""
+
+
+def _bar(page) -> tuple[str, str]:
+    """(the label before the worker's tqdm bar, the bar's text: description and counts)."""
+    outs = _cell(page, 3).locator(".jp-OutputArea-output")
+    bar = _cell(page, 3).locator(".widget-hbox")
+    if not bar.count():
+        return "", ""
+    return outs.first.inner_text().strip(), bar.first.inner_text().replace("\n", " ").strip()
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("lab", [WIDGET_CELLS], indirect=True)
+def test_rank_tabs_and_a_worker_tqdm_bar_update_live_in_jupyterlab(lab, page):
+    """Issue 37: a --tabs cell shows a tab per rank whose text moves while it runs and whose
+    badges end done; a tqdm.notebook bar made on a worker shows, labelled, and moves."""
+    base, token, lab_root = lab
+    _open_and_run_all(page, base, token)
+    _wait(lambda: len(_tab_titles(page)) == 2 and "step" in _tab_text(page), 180,
+          "a tab per rank with output", page)
+    assert _tab_titles(page) == ["worker1 ⏳ running", "worker2 ⏳ running"]
+    first = _tab_text(page)
+    page.screenshot(path=str(ARTIFACTS / "browser_tabs_1.png"), full_page=True)
+    _wait(lambda: _tab_text(page) != first, 60, "the tab's text to move", page)
+    assert _prompt(page, 2) == "[*]:", "the cell ended before its tab moved"
+    page.screenshot(path=str(ARTIFACTS / "browser_tabs_2.png"), full_page=True)
+    (lab_root / STOP_FILE).touch()
+    _wait(lambda: _tab_titles(page) == ["worker1 ✔ done", "worker2 ✔ done"], 60,
+          "the badges to say done", page)
+
+    _wait(lambda: re.search(r"train:.*\d+/3000", _bar(page)[1]), 120,
+          "the worker's tqdm bar", page)
+    label, shown = _bar(page)
+    assert label == "[worker1]", label
+    page.screenshot(path=str(ARTIFACTS / "browser_worker_bar_1.png"), full_page=True)
+    _wait(lambda: _bar(page)[1] != shown, 60, "the worker's bar to move", page)
+    assert _prompt(page, 3) == "[*]:", "the bar's cell ended before the bar moved"
+    page.screenshot(path=str(ARTIFACTS / "browser_worker_bar_2.png"), full_page=True)
+    (lab_root / (STOP_FILE + "-bar")).touch()
+    _wait(lambda: _prompt(page, 4).startswith("[") and _prompt(page, 4) not in ("[ ]:", "[*]:"),
+          120, "the notebook to finish", page)
+    assert _cell(page, 3).locator(".widget-hbox").count() == 1, "one bar, updated in place"
+    page.screenshot(path=str(ARTIFACTS / "browser_widgets_final.png"), full_page=True)
 
 
 @pytest.mark.slow

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from ..errors import DistCellError, DistTimeoutError, RankFailure, WorkerDiedError
 from ..proc.channel import Channel
 from ..proc.protocol import Exec, Flush, Interrupt, Message, Result
+from .comms import CommRelay
 from .debug import DebugDesk
 from .ranks import RankInfo
 from .rich import RichOutput
@@ -38,6 +39,7 @@ class Cells:
         self.ranks, self.cv, self._require, self._ids = ranks, cv, require_running, ids
         self.desk = DebugDesk(ranks, self.send)
         self.rich = RichOutput(ranks)  # workers' displays, figures, rich values
+        self.comms = CommRelay(self.send)  # workers' widgets, relayed to the frontend
         self.last_failed: int | None = None  # the rank whose error was shown last
         self._results: dict[int, dict[int, Result]] = {}
         self._finished: dict[int, dict[int, float]] = {}  # exec id -> rank -> when (monotonic)

@@ -53,7 +53,7 @@ def start(n: int, *, name: str = "worker0", worker_name: str = "worker{rank}",
           remote_python: str | None = None, gpus: str = "auto",
           device_maps: str | None = None, heal: bool = False, rpc: bool = True,
           aggregate: bool | str = "auto", slurm: str | None = None,
-          quiet: bool = False) -> Cluster:
+          tabs: bool = False, quiet: bool = False) -> Cluster:
     """Start ``n`` worker ranks and make this process rank 0 of their RPC world.
 
     ``rpc=False`` (``--no-rpc``): no torch RPC agent on any rank, a process group instead
@@ -73,6 +73,7 @@ def start(n: int, *, name: str = "worker0", worker_name: str = "worker{rank}",
     ``slurm`` (``"-N 2 --ntasks-per-node=4 -t 1:00:00"``): sbatch options of one SLURM
     allocation whose nodes are the hosts, ``--ntasks-per-node`` ranks on each, kept across
     restarts until ``release_hosts()`` (README, "More than one machine").
+    ``tabs``: ``%%dist`` cells show a live tab per rank (README, "Output").
     """
     if slurm and hosts:
         raise ValueError("--slurm and --hosts both say where ranks run: give one (--slurm asks "
@@ -81,7 +82,7 @@ def start(n: int, *, name: str = "worker0", worker_name: str = "worker{rank}",
                      start_timeout, hosts=parse_hosts(hosts, slurm_hosts), iface=iface,
                      launcher=launcher, remote_python=remote_python, gpus=gpus,
                      device_maps=device_maps, heal=heal, rpc=rpc,
-                     aggregate=aggregate, slurm=slurm).validate()
+                     aggregate=aggregate, slurm=slurm, tabs=tabs).validate()
     _refuse_a_second_world()
     return _start_new(spec, quiet)
 
@@ -211,6 +212,18 @@ class Cluster:
         """Whether this world has torch RPC (False: ``--no-rpc``, or a torch without it;
         ``spec.rpc`` is what was asked for)."""
         return self._world.spec.rpc
+
+    @property
+    def tabs(self) -> bool:
+        """Whether ``%%dist`` cells show a live tab per rank (``%dist_start --tabs``); set it
+        to change the world's setting (restarts keep it)."""
+        return self.spec.tabs
+
+    @tabs.setter
+    def tabs(self, on: bool) -> None:
+        self.spec = replace(self.spec, tabs=bool(on))
+        if Cluster.last_spec is not None:
+            Cluster.last_spec = replace(Cluster.last_spec, tabs=bool(on))
 
     @property
     def startup_seconds(self) -> float:

@@ -14,6 +14,9 @@ import time
 
 from ..proc.protocol import (
     ClearOutput,
+    CommClose,
+    CommMsg,
+    CommOpen,
     DebugEnd,
     DebugPrompt,
     DisplayChunk,
@@ -189,6 +192,7 @@ class Receiver:
             records.deliver(msg.batch)
         elif isinstance(msg, Result):
             self.router.flush(info.rank, release=False)  # the cell's end shows held lines
+            self.router.finished(info.rank, msg.status == "ok")
             self.cells.deliver(msg)
         elif isinstance(msg, Flushed):
             self.cells.flushed(info.rank, msg.token)
@@ -204,6 +208,13 @@ class Receiver:
             if whole is not None:
                 self.router.flush(info.rank)
                 self.rich.show(info.rank, info.name, whole)
+        elif isinstance(msg, CommOpen):  # a widget made on the worker
+            self.router.flush(info.rank)
+            self.cells.comms.opened(info.rank, info.name, msg)
+        elif isinstance(msg, CommMsg):
+            self.cells.comms.message(info.rank, msg)
+        elif isinstance(msg, CommClose):
+            self.cells.comms.closed(info.rank, msg)
         elif isinstance(msg, (DebugPrompt, DebugEnd)):
             self.desk.arrived(msg)
         elif isinstance(msg, Failed):

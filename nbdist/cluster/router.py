@@ -16,7 +16,10 @@
   characters in one cell, saying once where the rest is (``%dist_logs``);
 - with ``aggregate`` on, shows a line that several ranks print at once only once, led by
   the set of ranks (``cluster.aggregate`` holds the rule; the logs keep every rank's line),
-  except from a rank printing more than ``FLOOD_RATE`` lines a second (shown as printed).
+  except from a rank printing more than ``FLOOD_RATE`` lines a second (shown as printed);
+- within ``viewing(view)``, hands the text of the ranks ``view.takes`` to ``view`` instead of
+  the flat stream (a tab per rank, ``%%dist --tabs``), and tells it when a rank's cell ended
+  (``finished``); logs and tails are kept as always.
 """
 
 from __future__ import annotations
@@ -28,11 +31,11 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Protocol
 
 from .aggregate import Aggregator, Held, rank_set
 
-__all__ = ["LiveLine", "Router", "StatusLine", "cell_stream", "in_jupyter"]
+__all__ = ["LiveLine", "RankView", "Router", "StatusLine", "cell_stream", "in_jupyter"]
 
 TAIL_LINES = 10_000
 PARTIAL_LIMIT = 1 << 16  # characters of one unfinished line held per rank and stream
@@ -153,6 +156,20 @@ class StatusLine:
             Router.write("stderr", f"\r{text}{' ' * max(self.width - len(text), 0)}\n")
 
 
+class RankView(Protocol):
+    """A view of each rank's output in the running cell (``Router.viewing``); its methods are
+    called from the receiving thread and must not block."""
+
+    def takes(self, rank: int) -> bool:
+        """Whether this rank's output goes to the view (not to the flat stream)."""
+
+    def output(self, rank: int, name: str, stream: str, text: str) -> None:
+        """Text the rank wrote, in any chunking."""
+
+    def finished(self, rank: int, ok: bool) -> None:
+        """The rank's cell ended: ``ok``, or with an error."""
+
+
 class _RankOut:
     """What the router keeps for one rank."""
 
@@ -193,6 +210,7 @@ class Router:
         self._aggregate = False  # the world's setting
         self._override: bool | None = None  # one cell's (``aggregating``)
         self._expected: frozenset[int] | None = None  # the running cell's ranks
+        self._view: RankView | None = None  # takes its ranks' output (``viewing``)
 
     # -- merging equal lines of many ranks ----------------------------------------------------
     @property
@@ -276,6 +294,29 @@ class Router:
         for line in lines:
             self._emit(self._merge.add(out.rank, stream, line, now, expected))
 
+    # -- a view per rank ------------------------------------------------------------------------
+    @contextmanager
+    def viewing(self, view: RankView) -> Iterator[None]:
+        """Within: the output of the ranks ``view.takes`` goes to ``view``, not the stream."""
+        self.flush()  # what came before shows before
+        with self._lock:
+            before, self._view = self._view, view
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._view = before
+
+    def finished(self, rank: int, ok: bool) -> None:
+        """A rank's cell ended (the receiver calls this): the view, if any, is told."""
+        view = self._view
+        if view is not None and view.takes(rank):
+            view.finished(rank, ok)
+
+    def _viewed(self, rank: int) -> bool:
+        view = self._view
+        return view is not None and view.takes(rank)
+
     def keep_logs_in(self, log_dir: str) -> None:
         """Write each rank's full log into ``log_dir`` (made private) from now on."""
         os.makedirs(log_dir, mode=0o700, exist_ok=True)
@@ -294,6 +335,8 @@ class Router:
             out = self._out(rank, name)
             if out.log is not None:
                 out.log.write(text)
+            if self._viewed(rank):
+                self._view.output(rank, name, stream, text)  # type: ignore[union-attr]
             text = out.partial.pop(stream, "") + text
             *lines, tail = text.split("\n")
             while len(tail) > PARTIAL_LIMIT:  # a line without end is shown in pieces
@@ -319,7 +362,7 @@ class Router:
             else:
                 self._terminal.finish((out.rank, stream), final)
             shown = shown[1:]
-        if self.muted or out.muted or not shown:
+        if self.muted or out.muted or not shown or self._viewed(out.rank):
             return
         keep = 0
         for line in shown:  # echo up to the cell's limit, not a line more
@@ -341,7 +384,7 @@ class Router:
         now = time.monotonic()
         if not force and now - out.live_at.get(stream, 0.0) < LIVE_EVERY:
             return
-        if self.muted or out.muted:
+        if self.muted or out.muted or self._viewed(out.rank):
             return
         state = tail.rsplit("\r", 1)[-1] or tail.rstrip("\r").rsplit("\r", 1)[-1]
         if stream not in out.live:

@@ -454,3 +454,47 @@ class DisplayChunk(Message):
 
 
 __all__ += ["DisplayChunk"]
+
+
+# ---- widgets made on a worker (their comms relayed to the notebook's frontend) --------------
+@_message
+class CommOpen(Message):
+    """W→N: a widget on ``rank`` opened comm ``comm_id`` (Jupyter's ``comm_open``: the
+    model's state in ``data``, binary parts in ``buffers``); the notebook opens a real comm
+    to its frontend under the same id."""
+
+    TAG: ClassVar[str] = "comm-open"
+    rank: int
+    comm_id: str
+    target_name: str
+    data: dict
+    metadata: dict
+    buffers: tuple = ()
+
+
+@_message
+class CommMsg(Message):
+    """W→N and N→W: a ``comm_msg`` on comm ``comm_id`` of ``rank``'s widget: W→N from the
+    widget to the frontend (a state update), N→W from the frontend to the widget (a slider
+    moved, a request for its state)."""
+
+    TAG: ClassVar[str] = "comm-msg"
+    rank: int
+    comm_id: str
+    data: dict
+    metadata: dict
+    buffers: tuple = ()
+
+
+@_message
+class CommClose(Message):
+    """W→N and N→W: comm ``comm_id`` of ``rank``'s widget closed (the widget was closed on
+    the worker, or its view's model in the frontend)."""
+
+    TAG: ClassVar[str] = "comm-close"
+    rank: int
+    comm_id: str
+    data: dict
+
+
+__all__ += ["CommClose", "CommMsg", "CommOpen"]

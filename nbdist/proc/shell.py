@@ -9,8 +9,9 @@ What the shell displays (``display()``, figures of the inline matplotlib backend
 last value when it has a rich repr) is sent to the notebook as ``DisplayData``; binary
 values travel base64-encoded as Jupyter's wire format has them; a bundle over ``LIMIT`` bytes
 is replaced by a note naming the rank and the size; a bundle over ``CHUNK`` bytes travels as
-``DisplayChunk`` pieces (whole frames, so the channel never carries one huge frame); widget
-views (which need the notebook's comm) become their text repr and a note. ``clear_output`` is
+``DisplayChunk`` pieces (whole frames, so the channel never carries one huge frame); a
+widget view shows as a live widget when its comm is relayed to the notebook (``comms``),
+else as its text repr and a note. ``clear_output`` is
 sent as ``ClearOutput``.
 """
 
@@ -368,7 +369,7 @@ def _page(self: Any, data: Any, start: int = 0, screen_lines: int = 0,
 def _publish(data: dict, metadata: dict | None, display_id: str | None, update: bool,
              result_of: int) -> None:
     bundle = {str(k): _wire(v) for k, v in data.items()}
-    if WIDGET_MIME in bundle:
+    if WIDGET_MIME in bundle and not _relayed_widget(bundle[WIDGET_MIME]):
         del bundle[WIDGET_MIME]
         bundle["text/plain"] = (f"{bundle.get('text/plain', 'a widget')}\n(nbdist: widgets live "
                                 "in the notebook, rank 0: make them there and feed them with "
@@ -386,6 +387,14 @@ def _publish(data: dict, metadata: dict | None, display_id: str | None, update: 
         _deliver_pieces(msg)
     else:
         _deliver(msg)
+
+
+def _relayed_widget(view: Any) -> bool:
+    """Whether a widget view's model is a comm the notebook relays (``comms``): then the
+    view shows there as a live widget."""
+    from . import comms
+
+    return isinstance(view, dict) and comms.relayed(str(view.get("model_id")))
 
 
 def _deliver_pieces(msg: DisplayData) -> None:

@@ -21,11 +21,13 @@ from typing import Any
 
 from ..errors import safe_str
 from ..patches import process_group, quiet, rpc_hooks, shipping, shm, thread_states
-from . import cuda, nccl, shell
+from . import comms, cuda, nccl, shell
 from .channel import Channel, ChannelBlocked, connect
 from .debugger import Debugger
 from .output import ChannelStream, capture_fds
 from .protocol import (
+    CommClose,
+    CommMsg,
     Debug,
     DebugInput,
     Exec,
@@ -93,6 +95,7 @@ def run_forked(cfg: dict) -> None:
         _setup_output(cfg)
         _setup_debugger(cfg)
         shell.bind(_channel.send, _rank, cfg["name"])
+        comms.install(_channel.send, _rank)  # widgets made here show in the notebook
         if os.environ.get("NBDIST_TEST_STALL_RANK") == str(_rank):  # for the fault tests
             import time
 
@@ -409,6 +412,8 @@ def _read_commands(cells: queue.Queue) -> None:
             _debugger.end_all()
             signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
             _drop_queued_output()
+        elif isinstance(msg, (CommMsg, CommClose)):  # from a widget's view in the frontend
+            comms.deliver(msg)
         elif isinstance(msg, Rejoin):
             _start_rejoin(msg.config)
         elif isinstance(msg, Flush):  # everything printed or logged so far goes before the ack

@@ -1,0 +1,127 @@
+"""``%%dist --tabs``: one live tab per rank, its title a status badge, its body the output.
+
+``rank_tabs(cluster, ranks)`` is a context manager around a cell: it shows an ipywidgets
+``Tab`` with one ``HTML`` pane per rank and, while it is open, the rank's output goes there
+(``Router.viewing``) instead of the flat stream. A thread redraws the panes whose text
+changed and the titles at most every ``EVERY`` seconds, by setting widget values (in place:
+nothing is cleared or appended to the cell). Titles go running → done or failed as each
+rank's cell ends, or dead when its process ends first. Rich outputs (figures, displays,
+widgets) still show below, labelled with their rank. The flat stream stays the default.
+
+Without a frontend for widgets (not in a Jupyter kernel, or ipywidgets missing) the cell
+shows the flat stream, after one line that says so.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from ..cluster.router import Router, in_jupyter
+from .panes import RankText, render_pane, tab_title
+
+__all__ = ["EVERY", "RankTabs", "rank_tabs"]
+
+EVERY = 0.2  # seconds between two redraws
+JOIN_SECONDS = 2.0  # how long closing waits for a redraw in progress
+FALLBACK = ("nbdist: --tabs needs a Jupyter frontend with ipywidgets; this cell's output "
+            "shows as one stream\n")
+
+
+class RankTabs:
+    """A tab per rank, redrawn from a thread of its own (``start``/``close``)."""
+
+    def __init__(self, names: dict[int, str], alive: Callable[[int], bool]) -> None:
+        """``names``: rank -> name of the ranks shown; ``alive(rank)``: whether its process
+        still runs (a rank whose process ends before its cell does is shown dead)."""
+        import ipywidgets
+
+        self.names, self._alive = dict(names), alive
+        self.text = {r: RankText() for r in names}
+        self.states = {r: "running" for r in names}
+        self._lock = threading.Lock()
+        self._dirty: set[int] = set()
+        self._stop = threading.Event()
+        self.panes = {r: ipywidgets.HTML(render_pane([])) for r in names}
+        self.tab = ipywidgets.Tab(children=[self.panes[r] for r in names],
+                                  titles=[tab_title(n, "running") for n in names.values()])
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="nbdist-tabs")
+
+    # -- the router's RankView -----------------------------------------------------------------
+    def takes(self, rank: int) -> bool:
+        return rank in self.text
+
+    def output(self, rank: int, name: str, stream: str, text: str) -> None:
+        with self._lock:
+            self.text[rank].feed(stream, text)
+            self._dirty.add(rank)
+
+    def finished(self, rank: int, ok: bool) -> None:
+        with self._lock:
+            self.states[rank] = "done" if ok else "failed"
+
+    # -- life ----------------------------------------------------------------------------------
+    def start(self) -> None:
+        from IPython.display import display
+
+        display(self.tab)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop redrawing, after a last redraw with every rank's final state."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(JOIN_SECONDS)
+        self.redraw()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(EVERY):
+            try:
+                self.redraw()
+            except Exception as exc:  # noqa: BLE001 - a display must not end the cell
+                Router.write("stderr", f"nbdist: redrawing the tabs failed: {exc!r}\n")
+                return
+
+    def redraw(self) -> None:
+        """Set the panes whose text changed, and the titles if a state changed."""
+        with self._lock:
+            for r, state in self.states.items():
+                if state == "running" and not self._alive(r):
+                    self.states[r] = "dead"
+            dirty, self._dirty = self._dirty, set()
+            views = {r: (self.text[r].view(), self.text[r].hidden) for r in dirty}
+            titles = tuple(tab_title(self.names[r], s) for r, s in self.states.items())
+        for r, (lines, hidden) in views.items():
+            self.panes[r].value = render_pane(lines, hidden)
+        if tuple(self.tab.titles) != titles:
+            self.tab.titles = titles
+
+
+def _widgets_available() -> bool:
+    if not in_jupyter():
+        return False
+    try:
+        import ipywidgets  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@contextmanager
+def rank_tabs(cluster: Any, ranks: list[int]) -> Iterator[RankTabs | None]:
+    """Around a cell on ``ranks`` of ``cluster``: their output in a live tab each (None, and
+    the flat stream, where widgets cannot show)."""
+    if not _widgets_available():
+        Router.write("stderr", FALLBACK)
+        yield None
+        return
+    workers = [r for r in ranks if r]  # rank 0 (``--local``) prints in the notebook itself
+    view = RankTabs({r: cluster.names[r] for r in workers}, lambda r: cluster.ranks[r].alive)
+    view.start()
+    try:
+        with cluster.router.viewing(view):
+            yield view
+    finally:
+        view.close()
