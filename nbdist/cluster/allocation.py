@@ -65,7 +65,7 @@ def provide(spec: WorldSpec, quiet: bool = False) -> WorldSpec:
         status.done(f"nbdist: SLURM job {job.job_id or '-'} cancelled")
         raise
     status.done(f"nbdist: SLURM job {job.job_id} RUNNING on "
-                + ", ".join(s.host for s in job.nodes()))
+                + ", ".join(s.host for s in job.nodes()), always=True)  # where it runs, always
     SESSION.follower = Follower(job)
     return _placed(spec, job)
 

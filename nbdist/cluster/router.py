@@ -146,9 +146,10 @@ class StatusLine:
             Router.write("stderr", f"\r{text}{' ' * max(self.width - len(text), 0)}")
             self.width = len(text)
 
-    def done(self, text: str) -> None:
-        """End with ``text`` as the line's final state (only if it was ever shown)."""
-        if not self.shown:
+    def done(self, text: str, always: bool = False) -> None:
+        """End with ``text`` as the line's final state (only if it was ever shown, unless
+        ``always``)."""
+        if not (self.shown or always):
             return
         if self.live is not None:
             self.live.show(text)
