@@ -207,7 +207,7 @@ def test_a_rank_dying_mid_call_is_named_within_a_bound_and_the_rest_answer(world
     assert err.results == {1: 1, 3: 3}
     (failure,) = err.failures
     assert (failure.rank, failure.etype) == (2, "WorkerDiedError")
-    assert "exit code 7" in failure.message or "7" in failure.message
+    assert failure.message == "exited with code 7"
     assert "rank 2 (worker2)" in str(err)
     t0 = time.monotonic()  # a call that names the dead rank again fails at once
     with pytest.raises(DistCallError) as again:
@@ -271,3 +271,44 @@ def test_dist_push_and_dist_pull_magics(ipython):
         ipython.run_line_magic("dist_push", "gamma")
     with pytest.raises(UsageError, match="no rank 9"):
         ipython.run_line_magic("dist_push", "alpha --ranks 9")
+
+
+# -- in a real kernel, as a notebook user meets it ----------------------------------------------
+_KERNEL_CELL = '''
+import os, time
+import torch.distributed.rpc as rpc
+
+def nap(seconds, marker):
+    for _ in range(int(seconds * 100)):
+        time.sleep(0.01)
+    open(f"{marker}.{rpc.get_worker_info().id}", "w").close()
+
+def picky():
+    if rpc.get_worker_info().id == 2:
+        raise ValueError("rank 2 says no")
+    return "fine"
+'''
+
+
+def test_in_a_kernel_ctrl_c_ends_a_call_and_a_failure_shows_the_cell_line(kernel, tmp_path):
+    rep = kernel.execute("%load_ext nbdist\n%dist_start 2\nimport nbdist\nc = nbdist.current()",
+                         timeout=120)
+    assert rep.status == "ok", rep
+    assert kernel.execute(_KERNEL_CELL).status == "ok"
+    msg = kernel.send(f"c[:].call(nap, 30, {str(tmp_path / 'done')!r})")
+    time.sleep(1.5)
+    t0 = time.monotonic()
+    kernel.km.interrupt_kernel()
+    rep = kernel.collect(msg, timeout=20)
+    assert rep.status == "error" and rep.error["ename"] == "KeyboardInterrupt", rep
+    assert time.monotonic() - t0 < 10
+    assert kernel.value("c[:].call(len, 'ab')", timeout=20) == {1: 2, 2: 2}
+    active = "import nbdist.patches.rpc_hooks as h; len(h._active)"
+    wait_until(lambda: kernel.value(f"c.run({active!r}, show=False)") == {1: "0", 2: "0"},
+               10.0, "every rank's RPC function to end after Ctrl-C")
+    assert not list(tmp_path.iterdir()), "a rank ran its call to the end after Ctrl-C"
+    rep = kernel.execute("c[:].call(picky)")
+    assert rep.status == "error" and rep.error["ename"] == "DistCallError", rep
+    shown = "\n".join(rep.error["traceback"])
+    assert "--- rank 2 (worker2) ---" in shown and 'raise ValueError("rank 2 says no")' in shown
+    assert kernel.execute("%dist_stop").status == "ok"
