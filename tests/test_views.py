@@ -150,6 +150,17 @@ def test_call_async_map_and_choose(world, tmp_path):
     busy = c[2].call_async(nap, 1.0, str(tmp_path / "nap"))
     assert c[[2, 3]].choose(rank) == 3  # rank 2 has a call in flight, rank 3 none
     assert busy.result() == {2: None}
+    late = c[1:3]
+    late.timeout = 0.5
+    t0 = time.monotonic()
+    with pytest.raises(DistCallError) as info:
+        late.call(nap, 5.0, str(tmp_path / "late"))
+    assert time.monotonic() - t0 < 4.0
+    assert [(f.rank, f.etype) for f in info.value.failures] == [(1, "DistTimeoutError"),
+                                                                (2, "DistTimeoutError")]
+    assert "no answer within 0.5 s" in str(info.value)
+    time.sleep(5.0)  # past the end of the nap, had it not been interrupted
+    assert not list(tmp_path.glob("late.*")), "a rank ran on past its view's timeout"
 
 
 def test_a_raising_rank_is_named_with_its_traceback_after_the_others_answered(world):

@@ -118,8 +118,8 @@ class CallFuture:
     """
 
     def __init__(self, world: World, what: str, futures: dict[int, Any],
-                 failures: dict[int, RankFailure]) -> None:
-        self._world, self.what = world, what
+                 failures: dict[int, RankFailure], timeout: float) -> None:
+        self._world, self.what, self._timeout = world, what, timeout
         self._futures, self._failures = futures, failures
         self._values: dict[int, Any] | None = None
 
@@ -157,7 +157,11 @@ class CallFuture:
                 except WorkerDiedError as exc:
                     self._failures[r] = _died(world, r, exc.reason, self.what)
                 except Exception as exc:  # noqa: BLE001 - the rank's failure, reported whole
-                    self._failures[r] = _failure(r, name, exc)
+                    if _TIMED_OUT in safe_str(exc):  # as %%dist --timeout: its work stops too
+                        world.interrupted(r, fut)
+                        self._failures[r] = _timed_out(world, r, self.what, self._timeout)
+                    else:
+                        self._failures[r] = _failure(r, name, exc)
             waiting = None
         except KeyboardInterrupt:
             for r, fut in self._futures.items():
@@ -167,6 +171,16 @@ class CallFuture:
         for r in self._futures:
             world.replied(r)  # what the ranks printed shows before the caller goes on
         return values
+
+
+_TIMED_OUT = "ran for more than set timeout"  # torch's words for an RPC past its deadline
+
+
+def _timed_out(world: World, rank: int, what: str, seconds: float) -> RankFailure:
+    info = world.ranks[rank]
+    why = f"no answer within {seconds:g} s; its call there was interrupted"
+    return RankFailure(rank, info.name, "DistTimeoutError", why,
+                       f"{info.label()}: {why} (running {what})\n")
 
 
 def _died(world: World, rank: int, reason: str, what: str) -> RankFailure:
@@ -208,7 +222,8 @@ def _fn_name(fn: Any) -> str:
 class View:
     """Worker ranks addressed as one; made by indexing a cluster (``c[:]``, ``c[1:3]``).
 
-    ``timeout``: seconds each call may take on a rank (None: the world's ``--rpc-timeout``).
+    ``timeout``: seconds each call may take on a rank (None: the world's ``--rpc-timeout``);
+    a rank past it is interrupted and reported as a ``DistTimeoutError`` failure.
     """
 
     def __init__(self, world: Callable[[], World], ranks: Sequence[int], load: Load,
@@ -321,4 +336,5 @@ class View:
             self._load.begin(r)
             fut.add_done_callback(lambda _f, r=r: self._load.end(r))
             futures[r] = fut
-        return CallFuture(world, what, futures, failures)
+        return CallFuture(world, what, futures, failures,
+                          world.spec.rpc_timeout if self.timeout is None else self.timeout)
