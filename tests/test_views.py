@@ -205,6 +205,8 @@ def test_push_pull_scatter_gather_reach_the_namespace_cells_run_in(world):
     assert "'nowhere' is not defined" in info.value.failures[0].message
     with pytest.raises(ValueError, match="names of variables"):
         v.push({"not a name": 1})
+    with pytest.raises(TypeError, match="variable name"):
+        v[1]
 
 
 # -- faults ------------------------------------------------------------------------------------

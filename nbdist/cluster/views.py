@@ -307,6 +307,9 @@ class View:
         self.push({name: value})
 
     def __getitem__(self, name: str) -> dict[int, Any]:
+        if not isinstance(name, str):
+            raise TypeError(f"a view's [...] takes a variable name, not {name!r}; pick ranks "
+                            "on the cluster instead: c[[1, 3]], c[1:3]")
         return self.pull(name)
 
     # ------------------------------------------------------------------ sending
