@@ -75,6 +75,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/slurm.py
 	$(BIN)/python bench/ps_shm.py
 	$(BIN)/python bench/widgets.py
+	$(BIN)/python bench/views.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check nbdist tests bench

@@ -14,6 +14,7 @@ from .cluster import spawn as _spawn
 from .cluster.router import in_jupyter as _in_jupyter
 from .errors import (
     ClusterStateError,
+    DistCallError,
     DistCellError,
     DistTimeoutError,
     NbdistError,
@@ -31,6 +32,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Cluster",
     "ClusterStateError",
+    "DistCallError",
     "DistCellError",
     "DistTimeoutError",
     "NbdistError",

@@ -9,7 +9,8 @@ Hierarchy::
     ├── DistTimeoutError         a wait ran past its deadline; names rank and what it waited for
     ├── NoRpcError               an RPC call in a world started without torch RPC (``--no-rpc``)
     └── RemoteError              code raised on a worker; carries the remote traceback
-        └── DistCellError        a ``%%dist`` cell failed on one or more ranks
+        ├── DistCellError        a ``%%dist`` cell failed on one or more ranks
+        └── DistCallError        a view's call failed on some ranks; ``.results`` has the rest
 
 User mistakes made through magics become ``IPython.core.error.UsageError`` in ``magics.py``;
 the same mistakes through the Python API raise ``ValueError`` with the same message.
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "ClusterStateError",
+    "DistCallError",
     "DistCellError",
     "DistTimeoutError",
     "NbdistError",
@@ -97,6 +99,16 @@ class RemoteError(NbdistError):
 
 class DistCellError(RemoteError):
     """A ``%%dist`` cell raised on some ranks; the others' output was still shown."""
+
+
+class DistCallError(RemoteError):
+    """A view's call (``c[:].call``, ``push``, ``pull``, ...) raised or died on some ranks;
+    ``results`` holds what the other ranks returned (``{rank: value}``)."""
+
+    def __init__(self, failures: list[RankFailure], summary: str = "",
+                 results: dict | None = None) -> None:
+        super().__init__(failures, summary)
+        self.results = results if results is not None else {}
 
 
 def safe_str(exc: BaseException) -> str:

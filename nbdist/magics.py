@@ -1,6 +1,7 @@
 """IPython magics: thin wrappers that parse arguments and call the Python API.
 
-``%dist_start``, ``%%dist``, ``%dist_status``, ``%dist_restart``, ``%dist_stop``. A user
+``%dist_start``, ``%%dist``, ``%dist_status``, ``%dist_restart``, ``%dist_stop``,
+``%dist_push`` and ``%dist_pull``. A user
 mistake becomes a ``UsageError`` that says what to do; nothing is started when one is raised.
 """
 
@@ -318,6 +319,43 @@ def _tabs(c: _cluster.Cluster, targets: list[int], on: bool) -> Any:
     from .display.tabs import rank_tabs
 
     return rank_tabs(c, targets)
+
+    @magic_arguments()
+    @argument("names", nargs="+", help="notebook variables to send")
+    @argument("--ranks", default=None, help="ranks or names: 1,3 or 1-3 or obs2 (default: all)")
+    @no_var_expand
+    @line_magic
+    def dist_push(self, line: str) -> None:
+        """Bind notebook variables in the workers' ``__main__`` (``c[ranks].push``)."""
+        args = _parse(self.dist_push, line, "%dist_push", self.shell.user_ns)
+        ns = self.shell.user_ns
+        missing = [n for n in args.names if n not in ns]
+        if missing:
+            raise UsageError(f"%dist_push: {missing[0]!r} is not defined in the notebook")
+        _view(args.ranks, "%dist_push").push({n: ns[n] for n in args.names})
+
+    @magic_arguments()
+    @argument("names", nargs="+", help="variables to read on the workers")
+    @argument("--ranks", default=None, help="ranks or names: 1,3 or 1-3 or obs2 (default: all)")
+    @no_var_expand
+    @line_magic
+    def dist_pull(self, line: str) -> dict:
+        """``{rank: value}`` of a variable in the workers' ``__main__`` (``c[ranks].pull``);
+        several names: a tuple per rank."""
+        args = _parse(self.dist_pull, line, "%dist_pull", self.shell.user_ns)
+        names = args.names[0] if len(args.names) == 1 else args.names
+        return _view(args.ranks, "%dist_pull").pull(names)
+
+
+def _view(ranks: str | None, magic: str) -> Any:
+    """The view ``--ranks`` names in the running world; a bad one is a UsageError."""
+    c = _require()
+    try:
+        from .spec import parse_ranks
+
+        return c[parse_ranks(ranks, c.names)]
+    except ValueError as exc:
+        raise UsageError(f"{magic}: {exc}") from None
 
 
 def _last_spec() -> Any:

@@ -10,7 +10,8 @@ import pytest
 import nbdist
 
 EXPECTED = {
-    "Cluster", "ClusterStateError", "DistCellError", "DistTimeoutError", "NbdistError",
+    "Cluster", "ClusterStateError", "DistCallError", "DistCellError", "DistTimeoutError",
+    "NbdistError",
     "NoRpcError", "RemoteError", "StartError", "WorkerDiedError", "__version__", "clear_history",
     "current", "dashboard", "device", "events", "export_history", "history", "history_frame",
     "load_ipython_extension", "log", "release_hosts", "rpc_stats", "start", "stop",

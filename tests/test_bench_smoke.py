@@ -45,6 +45,7 @@ SCRIPTS = {
     "slurm.py": ["slurm.json", "slurm.md"],
     "ps_shm.py": ["ps_shm.json", "ps_shm.md"],
     "widgets.py": ["widgets.json", "widgets.md"],
+    "views.py": ["views.json", "views.md"],
 }
 #: Not run by the smoke test: the same code as another entry, one switch apart.
 SAME_AS = {"rpc.py --unpinned": "rpc.py"}

@@ -147,6 +147,25 @@ def test_cells_run_on_every_host_with_output_tagged_by_rank(hostworld, capsys):
         assert f"[{c.names[r]}]" in text
 
 
+def test_a_view_spans_hosts_with_real_values_both_ways(hostworld):
+    """Issue 36: ``c[:]`` over ranks on three machines: one call reaches each where it runs,
+    a tensor scattered across hosts gathers back equal, a notebook class comes back whole."""
+    fh, c = hostworld
+    homes = {r: ns for r, (ns, _) in c[:].call(where).items()}
+    assert homes[1] == _netns_inode(None)
+    assert homes[2] == homes[3] == _netns_inode(fh.ns["a"])
+    assert homes[4] == homes[5] == _netns_inode(fh.ns["b"])
+    data = torch.randn(5, 600_000)  # 2.4 MB shares: over TCP to the hosts, shm to rank 1
+    c[:].scatter("rows", data)
+    assert torch.equal(c[:].gather("rows"), data)
+    counters = c[2:5].call(Counter, 7)
+    assert sorted(counters) == [2, 3, 4] and all(type(k) is Counter and k.value == 7
+                                                 for k in counters.values())
+    with pytest.raises(nbdist.DistCallError) as info:
+        c[[3, 5]].pull("nowhere")
+    assert [f.rank for f in info.value.failures] == [3, 5]
+
+
 def test_listeners_only_on_loopback_and_the_chosen_addresses(hostworld):
     fh, c = hostworld
     allowed = {None: {"127.0.0.1", "::1", fh.address}}

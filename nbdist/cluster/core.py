@@ -30,6 +30,7 @@ from .receiver import Receiver
 from .router import Router
 from .session import SESSION
 from .status import HostTable, StatusTable, collect_status, host_status, remote_samples
+from .views import Load, View, select
 from .world import World
 
 __all__ = ["Cluster", "current", "last_spec", "release_hosts", "restart", "start", "stop"]
@@ -198,6 +199,7 @@ class Cluster:
         self._settled = threading.Event()  # clear while --heal rebuilds the world
         self._settled.set()
         self.healer: Healer | None = None
+        self._load = Load()  # view calls in flight per rank, for View.choose
 
     @property
     def state(self) -> ClusterState:
@@ -355,6 +357,11 @@ class Cluster:
         r = chosen[0]
         self.router.flush(r)
         return self.router.logs(r, tail)
+
+    def __getitem__(self, key: Any) -> View:
+        """Worker ranks as one view: ``c[:]`` (every worker), ``c[1:3]``, ``c[[1, 3]]``,
+        ``c["obs2"]``; see ``View`` (README, "Views")."""
+        return View(lambda: self._world, select(key, self.names), self._load)
 
     # ------------------------------------------------------------------ status
     def status(self) -> StatusTable:
