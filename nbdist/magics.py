@@ -311,15 +311,6 @@ class DistMagics(Magics):
                 run_with_local(c, self.shell, cell, targets, args.timeout)
 
 
-def _tabs(c: _cluster.Cluster, targets: list[int], on: bool) -> Any:
-    """Around a ``%%dist`` cell: a tab per rank when ``on`` (the widget stack is imported
-    only then)."""
-    if not on:
-        return contextlib.nullcontext()
-    from .display.tabs import rank_tabs
-
-    return rank_tabs(c, targets)
-
     @magic_arguments()
     @argument("names", nargs="+", help="notebook variables to send")
     @argument("--ranks", default=None, help="ranks or names: 1,3 or 1-3 or obs2 (default: all)")
@@ -345,6 +336,16 @@ def _tabs(c: _cluster.Cluster, targets: list[int], on: bool) -> Any:
         args = _parse(self.dist_pull, line, "%dist_pull", self.shell.user_ns)
         names = args.names[0] if len(args.names) == 1 else args.names
         return _view(args.ranks, "%dist_pull").pull(names)
+
+
+def _tabs(c: _cluster.Cluster, targets: list[int], on: bool) -> Any:
+    """Around a ``%%dist`` cell: a tab per rank when ``on`` (the widget stack is imported
+    only then)."""
+    if not on:
+        return contextlib.nullcontext()
+    from .display.tabs import rank_tabs
+
+    return rank_tabs(c, targets)
 
 
 def _view(ranks: str | None, magic: str) -> Any:
