@@ -25,8 +25,8 @@ __all__ = ["DEFAULT_MB", "DEFAULT_MIN_KB", "begin", "close_world", "end", "open_
            "settings", "tensor_reducer", "usage", "use_tables", "world_config"]
 
 DEFAULT_MB = 1024  # NBDIST_SHM_MB: each rank's arena (faulted in only as far as it is used)
-DEFAULT_MIN_KB = 2048  # NBDIST_SHM_MIN_KB: smaller tensors go the ordinary way (at 1 MB
-# the two paths measured about even on 2 cores; from 16 MB on this one is several times faster)
+DEFAULT_MIN_KB = 2048  # NBDIST_SHM_MIN_KB: smaller tensors go the ordinary way (why this
+# threshold: bench/results/notes.md)
 _GROUP_ALIGN = 64
 
 
