@@ -14,8 +14,8 @@ __all__ = ["WorldSpec", "max_workers", "parse_hosts", "parse_ranks", "worker_nam
 
 _NAME = re.compile(r"^[A-Za-z0-9_:\-]{1,127}$")
 _HOST = re.compile(r"^[A-Za-z0-9_.@\-]{1,253}$")
-# A worker costs roughly this much memory of its own (private pages after fork from the warm
-# template, RPC agent and threads); measured on torch 2.13 CPU, rounded up.
+# A worker's own memory (private pages after the fork, RPC agent, threads), rounded up; the
+# measurement: bench/results/notes.md.
 WORKER_MB = 160
 HARD_LIMIT = 256
 AGGREGATE_FROM = 8  # workers from which equal lines of many ranks are merged by default

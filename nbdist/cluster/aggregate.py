@@ -1,23 +1,11 @@
 """Identical lines from many ranks shown once: ``[worker1-12] epoch 3 done``. Pure: no I/O,
 no clock (the caller passes ``now``).
 
-The rule (``Aggregator``):
-
-- a complete line a rank printed is held for at most ``window`` seconds from the moment the
-  first rank printed it; other ranks printing the same text on the same stream within that
-  time join it, and it is shown once, led by the set of ranks (``rank_set``);
-- a line is shown at once when every rank expected to print (a cell's ranks; all workers
-  outside a cell) has printed it, so a world whose ranks all print the same line waits only
-  for the last of them;
-- a rank's lines are shown in the order it printed them: a line joins a held line of another
-  rank only if that line can be shown after every line of its own still held, and a held
-  line goes out only after every held line that must precede it; a line that is due takes
-  them along;
-- ``release`` shows a rank's held lines now (before its rich output, a live line, the end of
-  an RPC or a cell), with whatever other held lines must precede them.
-
-Nothing is dropped: each held line is shown exactly once, and the router keeps every
-rank's own log as printed, merged or not.
+``Aggregator`` holds a complete line for at most ``window`` seconds so that the same text from
+other ranks on the same stream joins it, shows it at once when every expected rank has printed
+it, keeps each rank's lines in the order it printed them, and ``release`` shows a rank's held
+lines now. Contract: nothing is dropped; each held line is shown exactly once (the router keeps
+every rank's own log as printed). The rule in full: README, Module notes.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """Workers' widgets in the notebook: their comms relayed to the notebook's frontend.
 
-A widget made on a worker (``proc.comms``) announces its comm with ``CommOpen``; here
-``CommRelay`` opens a real comm in the notebook kernel under the same id (so the frontend
-makes a real widget model, and a worker's ``display(widget)`` shows as a live view), with
-``{"nbdist": {"rank", "name"}}`` in the open message's metadata. Worker updates (``CommMsg``)
-go on to the frontend; the frontend's messages (a slider moved, a request for state) go back
-to the rank that owns the comm; closes go both ways.
-
-A reloaded page asks the kernel for every widget's state over ipywidgets' control comm, which
-answers from ipywidgets' own registry of widgets: each relayed widget is entered there as a
-``WidgetMirror`` holding the state last sent either way, so it comes back with the notebook's
-own widgets. Outside a Jupyter kernel (a script, a terminal) comm messages are dropped.
+For a worker's ``CommOpen`` (``proc.comms``), ``CommRelay`` opens a real comm in the notebook
+kernel under the same id, so the frontend makes a real widget model; updates go on to the
+frontend, the frontend's messages go back to the rank that owns the comm, closes go both ways.
+Each relayed widget is entered in ipywidgets' registry as a ``WidgetMirror`` so a reloaded page
+gets it back. Outside a Jupyter kernel comm messages are dropped. README, Module notes.
 """
 
 from __future__ import annotations

@@ -1,22 +1,11 @@
 """Workers' rich outputs in the notebook: mime bundles led by a ``[name]`` label, per rank.
 
-The receiver hands every ``DisplayData`` and ``ClearOutput`` to ``RichOutput.show``. In a
-Jupyter kernel each bundle is published as it is, with ``{"nbdist": {"rank", "name"}}`` in
-its metadata, after a small label output naming the rank. Every output shown gets a display
-id, so a rank's ``clear_output`` blanks that rank's outputs of the running cell only, and
-its next displays reuse those places (an animation stays in place); a worker's own display
-ids map to notebook display ids per rank, so ``handle.update(...)`` on a worker updates its
-output here. Outside Jupyter a bundle is written as ``[name] <text/plain>``.
-
-A ``%%dist`` cell's outputs appear as they arrive; if ranks' outputs interleaved (worker1,
-worker2, worker1), at the end of the cell the places they took are refilled in rank order
-(all of worker1's, then worker2's, each rank's in its own order) with ``update_display_data``
-on the places' display ids: no output is added or removed, only the moved ones change, and a
-cell whose outputs did not interleave gets no message at all. A big display arrives in
-``DisplayChunk`` pieces (``piece`` joins them) and shows when the last one is in.
-
-``%%dist --grid`` gathers the target ranks' bundles of one cell and shows them at its end as
-one HTML table, a column per rank (``render_grid``, a pure function).
+The receiver hands every ``DisplayData`` and ``ClearOutput`` to ``RichOutput.show`` (``piece``
+joins a big display's ``DisplayChunk`` pieces first). In a Jupyter kernel each bundle is
+published as it is, after a label naming the rank, under a display id of its own, so a rank's
+``clear_output`` and ``handle.update(...)`` reach only that rank's outputs; outside Jupyter it
+is written as ``[name] <text/plain>``. ``%%dist --grid`` shows a cell's bundles as one table
+(``render_grid``, pure). Ordering and reuse of places: README, Module notes.
 """
 
 from __future__ import annotations

@@ -1,25 +1,12 @@
 """``nbdist.dashboard()``: a live ipywidgets panel of the logged values, RPCs and ranks.
 
-Panels: per-rank curves of each logged value with a running mean; RPC latency (p50, p95) and
-calls per second per destination over time; cluster status (alive, CPU, memory per rank);
-execution times by observers and mode (``record_timing``).
-
-Live: a background thread redraws only the panels whose data changed, at most ``hz`` times a
-second (slower when drawing is slow: it never spends more than about a quarter of its time
-drawing), and sets new PNG bytes on ``ipywidgets.Image`` widgets. That updates the view in
-place while a cell is still running; nothing is cleared, nothing is appended to the output.
-
-Static: the displayed output also carries an ``image/png`` picture of every panel, so a
-notebook run by nbclient/nbconvert keeps a picture. After each cell, while no live view of the
-widget exists (``_view_count`` stays 0 without a widget frontend) and the data changed, the
-picture is replaced in place (``update_display``). Outside a kernel (a terminal) nothing is
-drawn unless asked: ``save_to=path`` keeps a file refreshed about once a second, and
-``save(path)`` writes one anytime. Nothing is ever written where the user did not name a path.
-
-Curves are drawn from ``SeriesStore``'s bounded envelopes, so a redraw costs the same with a
-thousand points or a million. Exits are clean: an ``atexit`` handler, registered when the
-first dashboard is made (after the cluster's, so it runs before it), closes every dashboard
-and joins its thread, so no nbdist drawing runs while the interpreter shuts down.
+Panels: per-rank curves of each logged value with a running mean, RPC latency and rate per
+destination, cluster status, execution times (``record_timing``). A background thread redraws
+only the panels whose data changed, at most ``hz`` times a second, by setting new PNG bytes on
+``ipywidgets.Image`` widgets (in place: nothing cleared or appended); the output also carries a
+static ``image/png`` for nbclient/nbconvert. Contract: nothing is written where the user did not
+name a path (``save_to=``, ``save()``), and an ``atexit`` handler joins every dashboard's
+thread before the cluster's own teardown. Details: README, Module notes.
 """
 
 from __future__ import annotations

@@ -1,20 +1,15 @@
 """Pure renderers: matplotlib figures, PNG bytes and HTML from plain data.
 
-Nothing here knows about widgets, kernels or clusters, so every function can be tested (and
-reused) on its own. Figures are ``matplotlib.figure.Figure`` objects with an Agg canvas, never
-pyplot: drawing is safe from a background thread and leaves the notebook's backend alone.
+Nothing here knows about widgets, kernels or clusters. Figures are ``matplotlib.figure.Figure``
+objects with an Agg canvas, never pyplot: safe from a background thread, and the notebook's
+backend is left alone. The data shapes:
 
-The data shapes:
-
-- ``series``: ``{key: {rank: curve}}``, one curve per rank and logged value: ``(steps,
-  values)`` with every point, or ``(steps, values, mean steps, running mean)`` already
-  downsampled (``nbdist.display.collect.Envelope``);
-- ``names``: ``{rank: name}`` for legends;
-- ``samples``: RPC calls ``(wall time, caller, callee, function, latency s, bytes)``
-  (``nbdist.telemetry.tracing.samples()``);
-- ``rows``: status rows as ``nbdist.cluster.status.collect_status`` makes them (``rank``, ``name``,
-  ``alive``, ``state``, ``cpu``, ``mem_mb``);
-- ``timings``: ``{"observers", "mode", "seconds"}`` dicts (``nbdist.display.record_timing``).
+- ``series``: ``{key: {rank: curve}}``, a curve ``(steps, values)`` or, downsampled,
+  ``(steps, values, mean steps, running mean)`` (``display.collect.Envelope``); ``names``:
+  ``{rank: name}``;
+- ``samples``: ``(wall time, caller, callee, function, latency s, bytes)`` (``tracing.samples``);
+- ``rows``: ``cluster.status.collect_status`` rows; ``timings``: ``{"observers", "mode",
+  "seconds"}`` dicts (``display.record_timing``).
 """
 
 from __future__ import annotations

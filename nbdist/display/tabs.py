@@ -1,15 +1,10 @@
 """``%%dist --tabs``: one live tab per rank, its title a status badge, its body the output.
 
-``rank_tabs(cluster, ranks)`` is a context manager around a cell: it shows an ipywidgets
-``Tab`` with one ``HTML`` pane per rank and, while it is open, the rank's output goes there
-(``Router.viewing``) instead of the flat stream. A thread redraws the panes whose text
-changed and the titles at most every ``EVERY`` seconds, by setting widget values (in place:
-nothing is cleared or appended to the cell). Titles go running → done or failed as each
-rank's cell ends, or dead when its process ends first. Rich outputs (figures, displays,
-widgets) still show below, labelled with their rank. The flat stream stays the default.
-
-Without a frontend for widgets (not in a Jupyter kernel, or ipywidgets missing) the cell
-shows the flat stream, after one line that says so.
+``rank_tabs(cluster, ranks)`` is a context manager around a cell: an ipywidgets ``Tab`` with one
+``HTML`` pane per rank receives the rank's output (``Router.viewing``) instead of the flat
+stream; a thread updates changed panes and titles (running → done, failed or dead) at most
+every ``EVERY`` seconds, in place. Rich outputs still show below, labelled with their rank.
+Without a widget frontend the cell shows the flat stream, after one line that says so.
 """
 
 from __future__ import annotations

@@ -1,17 +1,12 @@
 """``nbdist.parallel``: TorchOpt's ``torchopt.distributed`` API, made to work in a notebook.
 
-``import nbdist.parallel as todist`` runs TorchOpt's distributed examples unchanged once a
-world is up (``%dist_start N`` in a notebook, or ``@todist.auto_init_rpc()`` under torchrun).
-What differs from TorchOpt:
-
-- rank and world size come from the live RPC world, not from environment variables frozen at
-  import time, and rank decorators decide when the function is called;
-- functions and classes defined in notebook cells can be called remotely (they travel by
-  value);
-- ``mean_reducer`` weights each partition by its size: an uneven split still gives the true
-  batch mean;
-- partitioners pickle; a failing partition raises ``PartitionError`` naming the rank, the
-  worker and the original error; ``barrier`` raises ``BarrierError`` instead of passing.
+``import nbdist.parallel as todist`` runs TorchOpt's distributed examples unchanged once a world
+is up (``%dist_start N``, or ``@todist.auto_init_rpc()`` under torchrun). Unlike TorchOpt: rank
+and world size come from the live RPC world, not from variables frozen at import, and rank
+decorators decide when the function is called; notebook-cell code travels by value;
+``mean_reducer`` weights partitions by size (an uneven split gives the true batch mean);
+partitioners pickle; a failing partition raises ``PartitionError`` naming the rank, worker and
+error; ``barrier`` raises ``BarrierError`` instead of passing.
 """
 
 from __future__ import annotations

@@ -1,16 +1,12 @@
 """``@auto_init_rpc``: the same entry point in a ``torchrun`` script and in a notebook.
 
-- No RPC world yet (a script under ``torchrun``, or plain ``python`` for a world of one): join
-  the world described by ``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/``MASTER_PORT``, run
-  ``worker_init_fn`` on every rank, wait for all, call the function, then shut RPC down
-  (gracefully, so rank 0 can still use the others until it is done).
-- A world is already running (``%dist_start`` did it): just call through. ``worker_init_fn``
-  still runs once on every rank: called on the notebook, it runs there and on each worker.
-
-A local world (one rank, or ``MASTER_ADDR`` a loopback address) listens on loopback only:
-TensorPipe and Gloo are pinned to ``lo`` while joining (unless ``TP_SOCKET_IFNAME`` /
-``GLOO_SOCKET_IFNAME`` are set), and rank 0's rendezvous store listens on ``MASTER_ADDR``
-rather than torch's default of every interface. A multi-host world is left as torch sets it up.
+- No RPC world yet (``torchrun``, or plain ``python`` for a world of one): join the world of
+  ``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/``MASTER_PORT``, run ``worker_init_fn`` on every rank,
+  call the function, then shut RPC down gracefully (rank 0 may use the others until it is done).
+- A world is running (``%dist_start``): call through; ``worker_init_fn`` still runs once on
+  every rank. A local world (one rank, or a loopback ``MASTER_ADDR``) listens on loopback only
+  (TensorPipe and Gloo pinned to ``lo`` unless ``TP_SOCKET_IFNAME``/``GLOO_SOCKET_IFNAME`` are
+  set; the store on ``MASTER_ADDR``); a multi-host world is left as torch sets it up.
 """
 
 from __future__ import annotations

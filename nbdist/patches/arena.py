@@ -1,19 +1,11 @@
 """A pooled shared-memory arena per rank, and the peers' mappings of it (no torch here).
 
-The owner makes its arena after the fork, on its first large send: an anonymous ``memfd``
-(nothing in ``/dev/shm``, nothing to unlink: the memory goes when the last process that maps
-it unmaps), mapped once and reused for every call. Slots are carved from it on demand and
-pre-faulted then (``MADV_POPULATE_WRITE``), so a call writes into memory that is already
-there. A peer maps the arena by opening ``/proc/<owner pid>/fd/<fd>`` (same user only), checks
-its token, and closes the descriptor at once: a mapping holds no descriptor.
-
-Who writes a slot's state word (one writer at a time, an aligned 8-byte store):
-``FREE`` (0): the owner may allocate it; the owner writes ``SENT`` (-1) and a new generation
-before the reference goes out. The receiver then writes its pid (it keeps tensors over the
-slot) and ``FREE`` when the last of them is freed, or ``FREE`` at once after copying out. A
-slot held by a pid that is dead is free again; a slot never claimed (its message was lost) is
-taken back after ``UNCLAIMED_S``; a receiver that finds the generation changed raises instead
-of reading reused memory.
+The owner makes an anonymous ``memfd`` after the fork (nothing in ``/dev/shm``), carves
+pre-faulted slots from it and reuses them; a peer maps it through ``/proc/<pid>/fd/<fd>``
+(same user only), checks its token and keeps no descriptor. Each slot has one state word with
+one writer at a time (``FREE`` → owner ``SENT`` → receiver pid → ``FREE``); slots of dead pids
+and unclaimed slots (``UNCLAIMED_S``) come back, and a changed generation raises instead of
+reading reused memory. The state machine in full: README, Module notes.
 """
 
 from __future__ import annotations

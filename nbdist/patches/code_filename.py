@@ -1,13 +1,9 @@
 """Code objects that keep their file name when shipped by value.
 
-A remote traceback shows the notebook cell's lines because the callee registers the cell's
-source in its ``linecache`` under the cell's file name (``shipping._make_new``), and the
-shipped code object points at that name. cloudpickle 3.1.3 started to replace every pickled
-code object's ``co_filename`` by ``"<dynamic-code>"`` (to make payloads deterministic), so
-the callee's traceback read ``File "<dynamic-code>", line 3, in explode`` with no source
-line: a fresh venv, on any torch, picked it up. ``reduce_code`` ships code objects with
-cloudpickle's reducer and puts the real file name back on arrival; with a cloudpickle that
-keeps the name it returns cloudpickle's reduction unchanged.
+A remote traceback shows the cell's lines only if the shipped code object keeps the cell's file
+name (the callee registers the source in ``linecache`` under it). ``reduce_code`` ships code
+with cloudpickle's reducer and puts the real name back on arrival; with a cloudpickle that
+keeps the name it returns cloudpickle's reduction unchanged. Why: ``bench/results/notes.md``.
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
 """Each rank has its own ``__main__``; notebook globals are mirrored into it, never forced.
 
-The model is a script run by every process. A function defined in a notebook cell (or in a
-``%%dist`` cell on a worker) runs on another rank against *that rank's* ``__main__``: its
-global reads and ``global`` writes go there. The globals it reads travel with it, and the
-receiving rank merges them by one rule, name by name:
-
-- a name this rank lacks is set (it is *mirrored*);
-- a name that holds the value mirrored last time is replaced when the sender rebound it
-  (a re-run cell): the sender tells "unchanged" from "rebound" by object identity;
-- a name this rank bound itself (``global x; x = ...``, a ``%%dist`` cell, its own
-  definitions) is kept: a stale copy never overwrites it.
-
-The sender ships a value to a destination once per binding: later calls send a marker instead
-(so a large notebook global is not re-pickled on every call). A request that carries the
-marker may be unpickled before the one that carried the value (torch runs the requests of one
-pipe on several threads); the receiver then waits for it, up to ``WAIT`` seconds.
+A function shipped from another rank runs against the receiving rank's ``__main__``; the
+globals it reads travel with it and are merged name by name (``merge``): a missing name is set,
+a name holding the value mirrored last time is replaced when the sender rebound it, and a name
+this rank bound itself is kept. A value goes to a destination once per binding, a marker after
+that (a receiver waits up to ``WAIT`` seconds for a value it has not seen). README, Module notes.
 """
 
 from __future__ import annotations

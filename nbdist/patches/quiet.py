@@ -1,19 +1,11 @@
 """Keep torch's C++ log noise that nbdist itself causes out of the notebook.
 
-torch logs straight to file descriptor 2, which Jupyter shows in the running cell:
-- a ``pipe closed``/``eof`` warning per peer whenever a world ends or a worker dies (nbdist
-  says itself, in words, when a worker dies); when it ends right after distributed autograd,
-  a failed release of the autograd context on a peer already gone, and a reply not sent
-  because the agent is shutting down;
-- an error with a C++ stack trace when an RRef of an earlier, larger world is garbage-collected
-  (its owner no longer exists; there is nothing to tell it);
-- on torch 2.10 and older, Gloo's "[Gloo] Rank N is connected to M peer ranks" on stdout each
-  time a rank joins a group: ``drop_stdout_noise`` takes it out of what a worker forwards.
-
-``install()`` puts a filter thread between fd 2 and whatever fd 2 was (ipykernel's capture
-pipe, or the terminal) that drops exactly those messages and passes everything else through.
-``hide_warnings()`` does the same for torch's per-rank Python deprecation warnings (user
-warnings still show).
+``install()`` puts a filter thread between fd 2 and whatever fd 2 was (ipykernel's capture pipe
+or the terminal) that drops exactly the messages ``filter_lines`` names (pipe-closed warnings
+when a world ends, stale-RRef errors, ...) and passes everything else through;
+``drop_stdout_noise`` does the same for Gloo's connect lines on stdout (torch 2.10 and older);
+``hide_warnings()`` hides torch's per-rank deprecation warnings (user warnings still show).
+Which messages and why: README, Module notes.
 """
 
 from __future__ import annotations

@@ -1,16 +1,12 @@
 """Small, pinned patches to torch.distributed.rpc that a notebook needs.
 
-- ``rpc_sync`` called from the main thread waits in an interruptible way, and gives up early
-  with ``WorkerDiedError`` when the destination rank is known to be dead.
-- Every Python function an RPC runs on this rank is registered while it runs, so an interrupt
-  can reach it (``interrupt_rpc_threads``). The registration is interrupt-proof: an interrupt
-  may land on any bytecode of the bookkeeping, and still no thread stays registered after its
-  function returned, and no interrupt meant for one RPC reaches the next one its thread runs.
-- ``reset_world_state`` clears the per-process counters that make a second ``init_rpc`` in one
-  process hang (see anchors: ``_init_counter`` and the ``_all_gather`` sequence ids).
+- ``rpc_sync`` on the main thread waits interruptibly and fails early with ``WorkerDiedError``
+  when the destination rank is known dead.
+- Every Python function an RPC runs here is registered while it runs, so an interrupt can reach
+  it (``interrupt_rpc_threads``); the bookkeeping is interrupt-proof.
+- ``reset_world_state`` clears the counters that make a second ``init_rpc`` hang.
 
-These touch private torch names; ``tests/test_torch_pins.py`` fails loudly if a torch upgrade
-moves them.
+Private torch names: ``tests/test_torch_pins.py`` fails loudly if an upgrade moves them.
 """
 
 from __future__ import annotations

@@ -1,23 +1,11 @@
 """Let one process hold RRefs in world after world.
 
-torch keeps its RRef bookkeeping in a process-wide ``RRefContext`` singleton that is created on
-first use with the RPC agent of that moment and marked destroyed at ``rpc.shutdown``. In the
-notebook, which is rank 0 of every world it starts, every RRef operation after the first
-world would go to a dead agent ("RPC is no longer running"). Two repairs, both verified by
-``tests/test_torch_pins.py`` on every torch upgrade:
-
-- ``reset_singleton()`` (after shutdown, before the next ``init_rpc``) clears the singleton and
-  its initialisation guard, found by name in libtorch's ELF symbol table, so the next world
-  builds a fresh context around its own agent. The old one is leaked on purpose.
-- ``start_ids_at(epoch)`` (on every worker, right after ``init_rpc``) moves the process-wide
-  RRef id counter (a static member, so the notebook's own ids never repeat) to
-  ``epoch << 40``. A user may still hold RRefs a worker of an earlier world created; when they
-  are garbage-collected torch tells their (new) owner to forget them. With ids that never
-  repeat across worlds, such a message names no RRef of the current world (ids stay under
-  torch's 48-bit limit for 255 worlds, then wrap).
-
-Where the symbols cannot be found (not Linux/ELF, stripped build), ``available()`` is False
-and a second world in one process refuses RRef work loudly instead of corrupting it.
+``reset_singleton()`` (after ``rpc.shutdown``, before the next ``init_rpc``) clears torch's
+process-wide ``RRefContext`` so the next world builds one around its own agent;
+``start_ids_at(epoch)`` (each worker, right after ``init_rpc``) gives each world's RRef ids their
+own range, so a stale RRef of an earlier world names nothing in this one. Where libtorch's
+symbols cannot be found, ``available()`` is False and a second world refuses RRef work loudly.
+Private names, checked by ``tests/test_torch_pins.py``; why and how: README, Module notes.
 """
 
 from __future__ import annotations

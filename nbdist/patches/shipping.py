@@ -1,33 +1,12 @@
 """Notebook-defined code over torch RPC: functions and classes travel by value.
 
-torch RPC pickles callables by reference, so a function defined in a notebook cell (it lives in
-the kernel's ``__main__``) cannot be found by a worker. ``install()`` swaps the pickler that
-torch's RPC layer uses for one built on ``cloudpickle``: functions and classes that cannot be
-imported by name travel by value, while torch's own reducers for tensors, ``RRef`` and
-``ScriptModule`` stay in charge of those objects. The receiving side needs nothing but
-``pickle`` and ``cloudpickle``.
-
-A by-value function also carries the source lines of the notebook cell it came from, so a
-traceback raised on a worker shows the cell's code, not just its line numbers.
-
-Code once per destination: in an RPC request, a by-value function's code object and its cell's
-source lines travel only the first time they go to a destination; later requests name them by
-a digest (unique per code object of this process). Everything else of the function (the
-globals it reads, closure values, defaults, attributes) is pickled on every call as before, so
-what runs is what cloudpickle would have shipped: a cell that redefines a function makes a new
-code object, hence a new digest, hence a full send. A callee that gets a digest before the
-request that defines it (torch may run two requests of one pipe in parallel threads) waits for
-it, up to ``CODE_WAIT`` seconds. ``install()`` (every new world) forgets what peers hold.
-
-Each rank has its own ``__main__`` (``mirror``): a function from a notebook's (or a worker's)
-``__main__`` is rebuilt once per digest against the receiving rank's ``__main__``, its globals
-merged there by mirror's rule; arriving back in the process that defined it, it *is* the
-original object (digests name their origin), so it runs with its real globals and closure.
-Classes likewise: a by-value class gets its attributes once per process, and never from a copy
-in the process that defined it. A function or class the receiving rank defined itself from
-the same cell arrives as that rank's own (``twins``), as one imported module is in a script.
-Locks, queues and their kin reached from shipped code arrive fresh (``fresh``); anything else
-that cannot travel is named with the chain that reached it.
+``install()`` (every new world; it forgets what peers hold) swaps the pickler torch's RPC layer
+uses for one built on cloudpickle: what cannot be imported by name travels by value, while
+torch's own reducers stay in charge of tensors, ``RRef`` and ``ScriptModule``. A function's
+code and its cell's source go to each destination once, then by digest (a callee waits up to
+``CODE_WAIT`` seconds for a digest it has not seen); the rest of it is pickled on every call,
+so what runs is what cloudpickle would have shipped. Arriving code runs against the receiving
+rank's ``__main__`` (``mirror``, ``twins``, ``fresh``). The whole rule: README, Module notes.
 """
 
 from __future__ import annotations

@@ -1,20 +1,11 @@
 """Large CPU tensors in RPC messages through shared memory, between ranks of one host.
 
-``shipping`` owns torch's RPC pickler; with this path on, its tensor reducer is ours: a CPU
-tensor of at least ``min_bytes`` in a message to a rank on this host is noted, and once the
-message is pickled its bytes are copied once into a slot of this rank's ``arena.Arena``
-(tensors that share a storage share one span of it, so aliasing and strides are kept). Only a
-small descriptor (a uint8 tensor) goes on TensorPipe. The receiver maps the sender's arena and
-hands out tensors over the slot itself (no second copy); the slot returns to the sender's
-pool when the last of them is freed. When the sender's arena is more than half in use the
-receiver copies out and frees the slot at once, so a receiver that keeps what it gets cannot
-starve the sender.
-
-What keeps TensorPipe's path: tensors that require grad (distributed autograd records them),
-CUDA and other non-CPU tensors, sparse, quantized and conjugate/negative-bit views, tensors
-under ``min_bytes``, messages to ranks on other hosts (a reply goes this way only in a world
-whose ranks all share this host: the replying rank does not know its caller), and any message
-whose tensors do not fit the arena's free room. ``NBDIST_SHM=0`` turns the path off.
+With this path on, ``shipping``'s tensor reducer is ours: a CPU tensor of at least
+``min_bytes`` in a message to a rank on this host is copied once into a slot of this rank's
+``arena.Arena`` and only a small descriptor goes on TensorPipe; the receiver maps the arena and
+gets tensors over the slot, which returns to the sender's pool when the last is freed.
+Everything else (grad, non-CPU, sparse, other hosts, no room) keeps TensorPipe's path; the
+full list is in the README (How it works). ``NBDIST_SHM=0`` turns the path off.
 """
 
 from __future__ import annotations
@@ -34,8 +25,8 @@ __all__ = ["DEFAULT_MB", "DEFAULT_MIN_KB", "begin", "close_world", "end", "open_
            "settings", "tensor_reducer", "usage", "use_tables", "world_config"]
 
 DEFAULT_MB = 1024  # NBDIST_SHM_MB: each rank's arena (faulted in only as far as it is used)
-DEFAULT_MIN_KB = 2048  # NBDIST_SHM_MIN_KB: smaller tensors go the ordinary way (at 1 MB
-# the two paths measured about even on 2 cores; from 16 MB on this one is several times faster)
+DEFAULT_MIN_KB = 2048  # NBDIST_SHM_MIN_KB: smaller tensors go the ordinary way (why this
+# threshold: bench/results/notes.md)
 _GROUP_ALIGN = 64
 
 

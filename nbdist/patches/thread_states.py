@@ -1,21 +1,11 @@
 """Keep the Python thread state of torch's RPC threads from one call to the next.
 
-torch runs Python on its own C++ threads (its RPC thread pool): to unpickle every request and
-reply, to run the function, to call future callbacks. It takes the GIL there with pybind11's
-``gil_scoped_acquire``, which, on a thread Python did not start, makes a fresh
-``PyThreadState`` each time and destroys it on release, and with it the thread's frame stack
-memory and every ``threading.local`` value. For a small RPC that churn, paid several times per
-call on both sides, was most of the gap between nbdist and plain torch: measured 1.21x plain
-torch without ``pin`` and 0.94x with it (``rpc_sync`` of 16 bytes, ``bench/rpc.py``).
-
-``pin()`` takes one more reference on the calling thread's state (``PyGILState_Ensure``, never
-released), so pybind11 finds and reuses it on the next call. ``install()`` pins every thread
-that unpickles an RPC message; callbacks pin their thread too. ``NBDIST_KEEP_THREAD_STATES=0``
-turns it off (to compare, or should a C extension mind): ``bench/rpc.py --unpinned``.
-
-Cost: a pinned state outlives its thread. Each world's RPC threads (16) leave theirs behind
-when the world ends; in the notebook, which runs one world after another, that is about 5 KB
-per restart (measured 0.07 MB over 12 restarts), freed when the kernel exits.
+torch takes the GIL on its own RPC threads with pybind11's ``gil_scoped_acquire``, which makes
+and destroys a ``PyThreadState`` (and every ``threading.local``) each time. ``pin()`` holds one
+more reference on the calling thread's state so it is reused; ``install()`` pins every thread
+that unpickles an RPC message, and callbacks pin theirs. Contract: a pinned state outlives its
+thread (a few KB per world, freed at exit). ``NBDIST_KEEP_THREAD_STATES=0`` turns it off
+(``bench/rpc.py --unpinned``). Measurements: ``bench/results/notes.md``.
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
 """Twins: a function or class that two ranks each defined from the same cell.
 
-In a script every process imports the same module, so a class one process sends another is,
-on arrival, the receiver's own class (pickled by reference). In a notebook world a cell run on
-every rank (``%%dist --local``) makes one such definition per rank; when one rank sends its
-class or function to another, the receiver's own definition under the same qualified name,
-with the same code, is its *twin* and stands for it (``super(EmbeddingTable, self)`` in the
-receiver's own class then matches the object it built).
-
-"The same code" is a digest of each function's source text (its block in the cell, found
-through ``linecache``, where every rank keeps the cells it ran and the code it was sent), not
-of its code object: a cell compiled whole (a worker) and statement by statement (IPython)
-makes different bytecode for ``nn.Embedding(...)``, and file names and line numbers differ too.
-Without source, the code object's bytecode, constants and names stand in. A class's digest
-covers its qualified name, its attribute names and the digest of every function in its
-namespace (methods, static and class methods, properties).
-Nothing here knows which objects are copies from elsewhere: ``shipping`` asks and decides.
+When one rank sends a class or function to another, the receiver's own definition under the
+same qualified name with the same code is its *twin* and stands for it, as one imported module
+does in a script. "The same code" is a digest of the source text (from ``linecache``), not of
+the code object; without source, bytecode, constants and names stand in. Nothing here knows
+which objects are copies: ``shipping`` asks and decides. Why source: README, Module notes.
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
 """Widgets on a worker: Jupyter comms that travel over the control channel.
 
-A worker has no kernel, so ``ipywidgets`` (and ``tqdm.notebook``, built on it) would open
-comms that go nowhere. ``install`` replaces ``comm.create_comm`` (the seam the ``comm``
-package provides for this) with ``ChannelComm``: its ``comm_open``, ``comm_msg`` and
-``comm_close`` become ``CommOpen``, ``CommMsg`` and ``CommClose`` messages to the notebook,
-which opens real comms to its frontend under the same ids (``cluster.comms``). Messages from
-the frontend come back as ``CommMsg``/``CommClose`` and are handed to ``deliver``, which runs
-the widget's handler on a thread of its own (the reader thread stays free for Ctrl-C).
-
-Contract: comm messages are never dropped (a widget's state must stay in step); a closed
+A worker has no kernel, so ``install`` replaces ``comm.create_comm`` (the ``comm`` package's
+seam) with ``ChannelComm``, whose open, msg and close become ``CommOpen``/``CommMsg``/
+``CommClose`` messages; the notebook opens real comms under the same ids (``cluster.comms``).
+Frontend messages come back to ``deliver``, which runs the widget's handler on a thread of its
+own (the reader stays free for Ctrl-C). Contract: comm messages are never dropped; a closed
 channel drops them silently, as a kernel without a frontend does.
 """
 

@@ -1,16 +1,11 @@
 """SLURM behind ``scheduler.Allocation``: ``--slurm "SBATCH OPTIONS"`` asks for one job.
 
-The job is ``sbatch --parsable <the user's options> --wrap 'exec sleep infinity'``: a holder
-that keeps the allocation while worlds come and go. Join agents run in it as steps,
-``srun --jobid=J --overlap --whole -N1 -n1 --nodelist=NODE``: ``--whole`` gives the agent
-every CPU and GPU the job holds on its node (so with ``task/affinity`` its ranks are bound
-to the job's CPUs, and they split them), ``--overlap`` lets the user's own ``srun`` in the
-same job run beside it. Its state comes from ``scontrol show job`` (which also answers for
-a job that just ended), what it holds per node from ``scontrol show job -d``.
-
-A watchdog (``sh -c 'read _; exec scancel J'`` in a session of its own) reads a pipe only
-this process writes: when this process ends in any way, SIGKILL included, the pipe closes and
-the job is cancelled, pending or running. ``release`` cancels it at once and ends the watchdog.
+The job is a holder (``sbatch --parsable <options> --wrap 'exec sleep infinity'``) that keeps
+the allocation while worlds come and go; join agents run in it as ``srun --overlap --whole``
+steps, one per node; its state comes from ``scontrol show job``. Contract: the job never
+outlives this process: a watchdog in a session of its own cancels it when a pipe only this
+process writes closes (SIGKILL included), and ``release`` cancels it at once. Why these flags:
+README, Module notes.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 The history is stored by column (``Table``): per record a rank, a name index, a step and a time
 in ``array`` columns; per value name the indices of the records that carry it and their values
-(an ``array('d')``/``array('q')`` while they are all floats or all ints, a list otherwise):
-about 40 bytes a record of one float. ``deliver`` takes a worker's batch (or rank 0's own
+(an ``array('d')``/``array('q')`` while they are all floats or all ints, a list otherwise;
+its size: ``bench/results/notes.md``). ``deliver`` takes a worker's batch (or rank 0's own
 records), hands internal records to the handler of their kind and never stores them, and
 calls the subscribers with each delivered batch as record dicts. All of it is one state
 object, ``_History``, guarded by its lock.

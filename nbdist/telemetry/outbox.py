@@ -1,13 +1,11 @@
 """A worker's outbox of logged records: the queue ``log`` appends to and the thread that
 sends it to the notebook.
 
-``log`` appends ``(step, time, values)`` to a ``deque`` (``append`` is atomic; ``values`` is
-the call's own keyword dict), and a background thread sends what accumulated every 50 ms, in
-batches of at most ``BATCH_ROWS`` rows, so a tight logging loop costs well under a microsecond
-a call. Taking a batch and sending it happen under one lock, and the worker also flushes
-before it reports a ``%%dist`` cell's result, so records of one rank arrive in order and
-before the cell's result. Internal records (RPC traces, timings) ride at the end of a batch.
-All of it is one state object, ``_Outbox``.
+``log`` appends ``(step, time, values)`` to a ``deque`` (atomic, no lock) and a background
+thread sends what accumulated every 50 ms, at most ``BATCH_ROWS`` rows a batch. Taking a batch
+and sending it happen under one lock, and the worker flushes before it reports a ``%%dist``
+cell's result, so one rank's records arrive in order and before the cell's result. Internal
+records (RPC traces, timings) ride at the end of a batch. One state object: ``_Outbox``.
 """
 
 from __future__ import annotations

@@ -1,39 +1,12 @@
 """RPC tracing: every RPC the user's code makes is timed on the rank that makes it.
 
-Each traced call leaves one row: caller, callee, function name, latency and payload bytes.
-Workers ship their rows to the notebook with their metrics batches (internal records, every
-50 ms and before a ``%%dist`` cell's result); ``rpc_stats()`` on the notebook summarises them
-per (caller, callee, function): count, p50, p95, max latency and bytes.
-
-What is traced, on every rank:
-
-- ``rpc_sync``, ``rpc_async`` and ``remote`` with Python functions, builtins (``torch.add``) and
-  TorchScript functions, however they were imported. The wrapped names are the module globals
-  of ``torch.distributed.rpc.api`` those three look up at call time (``_invoke_rpc_*``,
-  ``_invoke_remote_*`` and ``PythonUDF``), not ``rpc_async`` itself (``rref_proxy`` compares
-  against it by identity).
-- RRef proxies (``rref.rpc_sync().m()``, ``.rpc_async()``, ``.remote()``), named ``Type.m``.
-  The first proxy call on a user RRef makes one extra RPC to learn the type; it shows up as
-  ``_rref_typeof_on_owner``.
-- ``rpc_sync`` is timed when it returns (the current ``api.rpc_sync`` is wrapped, after
-  ``rpc_hooks``; a copy imported before the world started falls back to a future callback).
-- ``RRef.to_here()`` on a user RRef (an RRef owned elsewhere): ``PyRRef.to_here`` is replaced
-  on the class (pybind11 classes allow it), named ``RRef.to_here``.
-
-Not traced: messages torch's C++ sends on its own (distributed autograd's backward pass and
-context cleanup, RRef fork/confirm/delete messages, ``to_here`` called from TorchScript or
-C++), RPCs made before rank 0's world is ready (nbdist's start-up ping), calls made inside
-``paused()``, and everything while ``enable(False)``.
-
-Latency: ``time.perf_counter`` on the caller, from the call (before the arguments are pickled)
-to the moment the reply completes the call's future (``remote``: the owner acknowledged the
-value; ``to_here``: the value arrived). Bytes: the request as sent for Python functions, exact
-(pickled bytes plus tensor bytes: torch pickles them here anyway); for builtins and TorchScript
-the bytes of tensor arguments (non-tensor arguments not counted); for ``to_here`` the bytes of
-the tensors returned (the reply). Replies of other calls are not measured.
-
-Cost: two small Python wrappers and a future callback per call, a few microseconds against
-RPC round trips of a few hundred (``bench/metrics.py`` measures it).
+Each traced call leaves one row (caller, callee, function, latency, payload bytes); workers ship
+their rows with their metrics batches, and ``rpc_stats()`` on the notebook summarises them per
+(caller, callee, function). Traced: ``rpc_sync``/``rpc_async``/``remote`` (through the
+``torch.distributed.rpc.api`` globals they look up at call time), RRef proxies and a user
+RRef's ``to_here``. Not traced: torch's own C++ messages, RPCs before rank 0's world is ready,
+calls inside ``paused()``, everything while ``enable(False)``. What each latency and byte
+count covers, and what the tracing costs: README, Module notes; ``bench/metrics.py``.
 """
 
 from __future__ import annotations

@@ -1,25 +1,12 @@
 """Batched and unbatched CartPole over torch RPC: one agent (rank 0), N observers (workers).
 
-Shared by ``notebooks/04_batched_vs_unbatched.ipynb`` (its results list, table and chart) and by
-``bench/batching.py``, which runs as a script: there ``__main__`` is the script, so the classes
-live in an importable module and travel by reference. The notebook defines its own copies of
-``Policy``/``Observer``/``Agent`` in cells because they are what the tutorial is about.
-
-Each observer owns a gymnasium ``CartPole-v1`` environment (new API: ``reset(seed=...)``
-returns ``(obs, info)``, ``step`` returns ``(obs, reward, terminated, truncated, info)``). For
-every step it sends its state to the agent and gets an action back:
-
-- unbatched: ``Agent.select_action`` runs the policy on that one state at once and returns;
-- batched: ``Agent.select_action_batch`` is an ``@rpc.functions.async_execution`` function that
-  parks the state in row ``ob_id`` of one tensor and returns a future; the last observer to
-  arrive runs the policy once on all rows and completes the step's future, which answers
-  every waiting observer.
-
-Seeds: the agent seeds torch with ``seed``; observer ``i`` seeds its environment with
-``seed + i`` on its first reset. Batched and unbatched runs use the same seeds.
-
-``device``: where the agent keeps its policy and runs it (the tutorial's agent is on CUDA);
-observers send CPU states and get plain ints back, so no device maps are needed.
+Shared by ``notebooks/04_batched_vs_unbatched.ipynb`` (results, table, chart) and by
+``bench/batching.py``, a script, where the classes must live in an importable module (the
+notebook defines its own ``Policy``/``Observer``/``Agent`` in cells: they are the tutorial).
+Each observer steps a gymnasium ``CartPole-v1`` (new API) and asks the agent for each action:
+``Agent.select_action`` answers one state at once, ``Agent.select_action_batch``
+(``@rpc.functions.async_execution``) answers all observers with one policy run. Batched and
+unbatched runs use the same seeds; the policy lives on ``device``. How: README, Module notes.
 """
 
 from __future__ import annotations

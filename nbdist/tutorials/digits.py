@@ -1,18 +1,12 @@
 """scikit-learn's bundled 8x8 handwritten digits as torch tensors, for notebooks 05 and 06.
 
-The PyTorch tutorials these notebooks follow train on MNIST through torchvision, which needs a
-download and a torchvision build that matches the installed torch. The digits data set ships
-inside scikit-learn: 1,797 images of 8x8 pixels, 16 grey levels, ten classes. Small enough
-that a notebook trains on it in seconds, real enough that a wrong gradient shows in the
-accuracy.
-
-Every rank that calls ``load_digits_split`` with the same ``seed`` gets the same split, so SPMD
-code (one copy per rank) needs no coordination to agree on the data.
-
-The file is read straight from scikit-learn's package folder when it is where scikit-learn has
-long kept it: importing scikit-learn costs about ten times more CPU than reading the file, and
-in a DDP notebook every rank pays it at the same time. ``load_digits`` is the fallback (and the
-reference the tests compare with).
+The tutorials these notebooks follow train on MNIST through torchvision (a download and a
+matching torchvision build); the digits ship inside scikit-learn: 1,797 images of 8x8 pixels,
+16 grey levels, ten classes, small enough to train on in seconds. Every rank that calls
+``load_digits_split`` with the same ``seed`` gets the same split, so SPMD code needs no
+coordination. The file is read straight from scikit-learn's package folder when it is there
+(cheaper than importing scikit-learn on every rank at once: ``bench/results/notes.md``);
+``load_digits`` is the fallback and the tests' reference.
 """
 
 from __future__ import annotations
