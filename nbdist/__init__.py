@@ -81,9 +81,10 @@ def device() -> Any:
 
 
 def load_ipython_extension(ipython: Any) -> None:
-    """``%load_ext nbdist``: register the magics, start the warm template in the background
-    (unless ``NBDIST_PREWARM=0``) so the first ``%dist_start`` is quick, and let
-    ``mp.spawn`` run a cell's function in a world (unless ``NBDIST_SPAWN=0``)."""
+    """``%load_ext nbdist``: register the magics, let ``mp.spawn`` run a cell's function in a
+    world (unless ``NBDIST_SPAWN=0``), and launch the warm template and torch's import in the
+    background (unless ``NBDIST_PREWARM=0``) so the first ``%dist_start`` is quick. Returns at
+    once: nothing here imports torch."""
     from .cluster.session import SESSION
     from .display.magic import register
     from .magics import DistMagics
@@ -91,19 +92,22 @@ def load_ipython_extension(ipython: Any) -> None:
     ipython.register_magics(DistMagics)
     register(ipython)
     ipython.events.register("pre_run_cell", _new_cell)
+    _spawn.install()  # before the background import: it patches torch as torch is imported
     SESSION.prewarm()
-    _spawn.install()
     _check_torch()
 
 
 def _check_torch() -> None:
     """One line per feature the torch at hand cannot support (its private names moved);
-    the rest of nbdist works as usual. Only if torch is imported already: ``%load_ext``
-    does not pay for ``import torch`` (the first world start reports instead). Never raises:
-    the check must not stop the start."""
+    the rest of nbdist works as usual. Only if torch's RPC is imported already, and done
+    (not under way on the prewarm thread): ``%load_ext`` does not wait for ``import torch``
+    (the first world start reports instead). Never raises: the check must not stop the start."""
     import sys
 
-    if "torch.distributed.rpc" not in sys.modules:
+    from .cluster.session import SESSION
+    from .cluster.warmup import MODULE, imported
+
+    if SESSION.warmup.importing or not imported(MODULE):
         return
     try:
         from .patches import torch_private
@@ -115,12 +119,15 @@ def _check_torch() -> None:
         print(line, file=sys.stderr)
 
 
-if _in_jupyter():  # ``import nbdist`` in a kernel: mp.spawn of a cell's function works too
-    _spawn.install()
-
-
 def _new_cell(*_: Any) -> None:
     """Each notebook cell starts the per-cell output limits over."""
     c = current()
     if c is not None:
         c.router.new_cell()
+
+
+if _in_jupyter():  # ``import nbdist`` in a kernel: mp.spawn of a cell's function works too,
+    from .cluster.session import SESSION as _SESSION  # and the first world starts warm
+
+    _spawn.install()
+    _SESSION.prewarm()
