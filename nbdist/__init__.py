@@ -13,6 +13,7 @@ from .cluster import Cluster, current, release_hosts, start, stop
 from .cluster import spawn as _spawn
 from .cluster.router import in_jupyter as _in_jupyter
 from .errors import (
+    CellInterrupted,
     ClusterStateError,
     DistCellError,
     DistTimeoutError,
@@ -29,6 +30,7 @@ from .telemetry.tracing import rpc_stats
 __version__ = "0.1.0"
 
 __all__ = [
+    "CellInterrupted",
     "Cluster",
     "ClusterStateError",
     "DistCellError",

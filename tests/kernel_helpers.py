@@ -97,6 +97,51 @@ class Kernel:
 
         return ast.literal_eval(rep.stdout.strip().splitlines()[-1])
 
+    def run_answering(self, code: str, answers: list[str], timeout: float = 60,
+                      on_prompt: Callable[[int], bool] | None = None
+                      ) -> tuple[str, list[str], str]:
+        """Run ``code`` with stdin on, answering each ``input_request`` (pdb's prompt in
+        the notebook's input box) with the next of ``answers`` ("c" once they run out);
+        ``on_prompt(n)`` returning True acts instead of answering the n-th prompt.
+        Returns (stdout and error text, prompts seen, reply status)."""
+        msg_id = self.kc.execute(code, allow_stdin=True)
+        lines = list(answers)
+        prompts: list[str] = []
+        out = ""
+        idle = False
+        deadline = time.monotonic() + timeout
+        while not idle:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"cell still running after {timeout}s; prompts {prompts}; "
+                                   f"output so far:\n{out}")
+            try:
+                req = self.kc.get_stdin_msg(timeout=0.05)
+            except queue.Empty:
+                req = None
+            if req is not None and req["msg_type"] == "input_request":
+                prompts.append(req["content"]["prompt"])
+                if on_prompt is not None and on_prompt(len(prompts)):
+                    continue  # the callback acted instead of answering (e.g. interrupted)
+                self.kc.input(lines.pop(0) if lines else "c")
+            while True:
+                try:
+                    msg = self.kc.get_iopub_msg(timeout=0.01)
+                except queue.Empty:
+                    break
+                if msg["parent_header"].get("msg_id") != msg_id:
+                    continue
+                if msg["msg_type"] == "stream":
+                    out += msg["content"]["text"]
+                elif msg["msg_type"] == "error":
+                    out += "\n".join(msg["content"]["traceback"])
+                elif msg["msg_type"] == "status" and \
+                        msg["content"]["execution_state"] == "idle":
+                    idle = True
+        reply = self.kc.get_shell_msg(timeout=10)
+        while reply["parent_header"].get("msg_id") != msg_id:
+            reply = self.kc.get_shell_msg(timeout=10)
+        return out, prompts, reply["content"]["status"]
+
     def close(self) -> None:
         """Stop the channels and the kernel; free the manager's ports, files and zmq context
         even when the kernel is already gone (killed, shut down by the test)."""
