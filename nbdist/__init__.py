@@ -94,9 +94,10 @@ def load_ipython_extension(ipython: Any) -> None:
     ipython.register_magics(DistMagics)
     register(ipython)
     ipython.events.register("pre_run_cell", _new_cell)
+    _torch_first(ipython)
     _spawn.install()  # before the background import: it patches torch as torch is imported
-    SESSION.prewarm()
     _check_torch()
+    SESSION.prewarm()  # last: its thread competes for the GIL
 
 
 def _check_torch() -> None:
@@ -128,8 +129,42 @@ def _new_cell(*_: Any) -> None:
         c.router.new_cell()
 
 
+_TORCH_WAIT = 300.0  # s: a cell that names torch waits at most this long for the import
+
+
+def _torch_first(ipython: Any) -> None:
+    """Before each cell that names torch, let the background import of torch end (it does
+    not wait otherwise): ``import torch.nn`` beside torch's own body would see a torch
+    half-imported (``cluster/warmup.py``)."""
+    from .cluster.session import SESSION
+    from .cluster.warmup import names_torch
+
+    def wait(info: Any = None) -> None:
+        if SESSION.warmup.importing and names_torch(getattr(info, "raw_cell", "") or ""):
+            SESSION.warmup.wait(_TORCH_WAIT)
+
+    callbacks = ipython.events.callbacks["pre_run_cell"]
+    if not any(getattr(cb, "__qualname__", "") == wait.__qualname__ for cb in callbacks):
+        ipython.events.register("pre_run_cell", wait)
+
+
+def _after_this_cell(ipython: Any, action: Any) -> None:
+    """Run ``action()`` once, when the cell running now has ended (``post_run_cell``)."""
+    events = ipython.events
+
+    def once(*_: Any) -> None:
+        events.unregister("post_run_cell", once)
+        action()
+
+    events.register("post_run_cell", once)
+
+
 if _in_jupyter():  # ``import nbdist`` in a kernel: mp.spawn of a cell's function works too,
     from .cluster.session import SESSION as _SESSION  # and the first world starts warm
 
     _spawn.install()
-    _SESSION.prewarm()
+    if _SESSION.prewarm(import_here=False):  # the template now; torch here once the cell
+        from IPython import get_ipython as _get_ipython  # (`%load_ext` maybe) has ended
+
+        _torch_first(_get_ipython())
+        _after_this_cell(_get_ipython(), _SESSION.warmup.start)

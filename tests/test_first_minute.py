@@ -81,6 +81,20 @@ def test_load_ext_returns_at_once_with_both_imports_under_way(kernels):
     assert waited - 0.3 <= said <= waited, report  # from the call, not from later
 
 
+def test_only_a_cell_that_names_torch_waits_for_its_import(kernels):
+    """Right after ``%load_ext``: a cell without torch runs at once, beside the background
+    import; one that imports a submodule of torch first waits for the import to end (run
+    beside torch's own body it would see torch half-imported)."""
+    k = kernels()
+    _timed(k, "%load_ext nbdist")
+    _, out = _timed(k, "from nbdist.cluster.session import SESSION as S\n"
+                       "print(S.warmup.importing)")
+    assert out.strip() == "True", out  # not held up: the import goes on
+    _, out = _timed(k, "print(S.warmup.importing)\nfrom torch.utils.data import DataLoader\n"
+                       "import torch.nn as nn\nprint(nn.Linear(2, 3).out_features)")
+    assert out.split() == ["False", "3"], out
+
+
 def test_start_line_counts_from_the_call_without_prewarm(kernels):
     k = kernels()
     _timed(k, "%env NBDIST_PREWARM=0\n%load_ext nbdist")

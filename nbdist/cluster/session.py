@@ -122,9 +122,10 @@ class Session:
         job.release()
         return True
 
-    def prewarm(self) -> bool:
+    def prewarm(self, import_here: bool = True) -> bool:
         """Launch the warm template and import torch's RPC here in the background (returns
-        at once) unless ``NBDIST_PREWARM=0``; True when the template is starting or running."""
+        at once) unless ``NBDIST_PREWARM=0``; True when the template is starting or running.
+        ``import_here=False``: the template only (``warmup.start()`` begins the import)."""
         if not prewarm_enabled():
             return False
         try:
@@ -132,7 +133,8 @@ class Session:
         except Exception as exc:  # noqa: BLE001 - %dist_start will try again and say why
             print(f"nbdist: could not prewarm the worker template: {exc}", file=sys.stderr)
             return False
-        self.warmup.start()  # rank 0 needs torch too: at the same time
+        if import_here:
+            self.warmup.start()  # rank 0 needs torch too: at the same time
         return True
 
     def template_pid(self) -> int | None:

@@ -2,10 +2,17 @@
 ``%load_ext nbdist`` returns at once and the first ``%dist_start`` finds it done.
 
 Contract: ``start`` returns at once (once per process); nothing in the caller's thread imports
-torch. A cell that imports torch meanwhile waits on Python's import lock for what is left of
-the import, no longer. ``close`` (interpreter exit) waits a moment for the thread: an import
-under way cannot be stopped, only left to end with the process. ``imported(name)`` says
-whether a module is in ``sys.modules`` and done (not half-imported by some thread).
+torch. The thread lets ``PAUSE`` pass first: loading torch's libraries holds the GIL for a
+while, which should not hold up the reply of the cell that started it. A cell that imports
+torch meanwhile waits on Python's import lock for what is left of the import, no longer:
+the thread imports ``torch`` itself first, so it holds no lock of a submodule while it waits
+for another thread's ``import torch``. A thread that imports a submodule first (``import
+torch.nn``) while torch's body runs here would run that submodule beside it, half-imported
+(Python waits only for the module it is asked for): a cell that names torch waits for
+``wait`` before it runs (``%load_ext`` registers that).
+``close`` (interpreter exit) waits a moment for the thread: an import under way cannot be
+stopped, only left to end with the process. ``imported(name)`` says whether a module is in
+``sys.modules`` and done (not half-imported by some thread).
 """
 
 from __future__ import annotations
@@ -13,10 +20,12 @@ from __future__ import annotations
 import enum
 import sys
 import threading
+import time
 
-__all__ = ["MODULE", "Warmup", "WarmupState", "imported"]
+__all__ = ["MODULE", "Warmup", "WarmupState", "imported", "names_torch"]
 
 MODULE = "torch.distributed.rpc"  # what rank 0 needs to join a world; it imports torch
+PAUSE = 0.05  # s: the starting cell's reply goes out before the import takes the GIL
 
 
 class WarmupState(enum.Enum):
@@ -35,6 +44,11 @@ def imported(name: str) -> bool:
         if module is None or getattr(getattr(module, "__spec__", None), "_initializing", False):
             return False
     return True
+
+
+def names_torch(source: str) -> bool:
+    """Whether a cell's source may import torch or one of its submodules."""
+    return "torch" in source
 
 
 class Warmup:
@@ -79,6 +93,8 @@ class Warmup:
 
     def _run(self) -> None:
         try:
+            time.sleep(PAUSE)
+            import torch  # noqa: F401 - first: the top-level lock alone, see above
             import torch.distributed.rpc  # noqa: F401 - MODULE
         except Exception:  # noqa: BLE001 - %dist_start imports it again and says why
             pass
