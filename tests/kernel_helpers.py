@@ -21,11 +21,17 @@ class Reply:
 
 
 class Kernel:
-    """Start a python3 kernel; ``execute`` returns what that one cell produced."""
+    """Start a python3 kernel; ``execute`` returns what that one cell produced. ``argv``,
+    ``env`` and ``interrupt_mode`` replace the kernel spec's (another kernel program)."""
 
-    def __init__(self, cwd: str | None = None) -> None:
+    def __init__(self, cwd: str | None = None, argv: list[str] | None = None,
+                 env: dict[str, str] | None = None, interrupt_mode: str | None = None) -> None:
         self.km = KernelManager(kernel_name="python3")
-        self.km.start_kernel(cwd=cwd)
+        if argv is not None:
+            self.km.kernel_spec.argv = argv
+        if interrupt_mode is not None:
+            self.km.kernel_spec.interrupt_mode = interrupt_mode
+        self.km.start_kernel(cwd=cwd, **({"env": env} if env is not None else {}))
         self.kc = self.km.client()
         self.kc.start_channels()
         self.kc.wait_for_ready(timeout=60)

@@ -44,6 +44,7 @@ SCRIPTS = {
     "output.py": ["output.json", "output.md"],
     "slurm.py": ["slurm.json", "slurm.md"],
     "ps_shm.py": ["ps_shm.json", "ps_shm.md"],
+    "first_minute.py": ["first_minute.json", "first_minute.md"],
 }
 #: Not run by the smoke test: the same code as another entry, one switch apart.
 SAME_AS = {"rpc.py --unpinned": "rpc.py"}
