@@ -78,7 +78,9 @@ def test_load_ext_returns_at_once_with_both_imports_under_way(kernels):
     assert importing, f"torch's import was over when %load_ext returned: it waited ({report})"
     assert template is not None, "%load_ext did not launch the template"
     assert took <= LOAD_EXT_BUDGET * factor, report
-    assert waited - 0.3 <= said <= waited, report  # from the call, not from later
+    # from the call, not from later; before the call, loading torch's libraries on the
+    # background thread may hold the GIL for a moment, longer on a loaded machine
+    assert waited - 0.3 * factor <= said <= waited, report
 
 
 def test_only_a_cell_that_names_torch_waits_for_its_import(kernels):
