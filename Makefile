@@ -76,6 +76,8 @@ bench: $(STAMP)
 	$(BIN)/python bench/ps_shm.py
 	$(BIN)/python bench/widgets.py
 	$(BIN)/python bench/views.py
+	$(BIN)/pip install -q --no-deps --upgrade --target .bench-peer jupyter-distributed==0.1.1
+	NBDIST_BENCH_PEER_PATH=.bench-peer $(BIN)/python bench/first_minute.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check nbdist tests bench

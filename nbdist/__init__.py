@@ -13,6 +13,7 @@ from .cluster import Cluster, current, release_hosts, start, stop
 from .cluster import spawn as _spawn
 from .cluster.router import in_jupyter as _in_jupyter
 from .errors import (
+    CellInterrupted,
     ClusterStateError,
     DistCallError,
     DistCellError,
@@ -30,6 +31,7 @@ from .telemetry.tracing import rpc_stats
 __version__ = "0.1.0"
 
 __all__ = [
+    "CellInterrupted",
     "Cluster",
     "ClusterStateError",
     "DistCallError",
@@ -83,9 +85,10 @@ def device() -> Any:
 
 
 def load_ipython_extension(ipython: Any) -> None:
-    """``%load_ext nbdist``: register the magics, start the warm template in the background
-    (unless ``NBDIST_PREWARM=0``) so the first ``%dist_start`` is quick, and let
-    ``mp.spawn`` run a cell's function in a world (unless ``NBDIST_SPAWN=0``)."""
+    """``%load_ext nbdist``: register the magics, let ``mp.spawn`` run a cell's function in a
+    world (unless ``NBDIST_SPAWN=0``), and launch the warm template and torch's import in the
+    background (unless ``NBDIST_PREWARM=0``) so the first ``%dist_start`` is quick. Returns at
+    once: nothing here imports torch."""
     from .cluster.session import SESSION
     from .display.magic import register
     from .magics import DistMagics
@@ -93,19 +96,23 @@ def load_ipython_extension(ipython: Any) -> None:
     ipython.register_magics(DistMagics)
     register(ipython)
     ipython.events.register("pre_run_cell", _new_cell)
-    SESSION.prewarm()
-    _spawn.install()
+    _torch_first(ipython)
+    _spawn.install()  # before the background import: it patches torch as torch is imported
     _check_torch()
+    SESSION.prewarm()  # last: its thread competes for the GIL
 
 
 def _check_torch() -> None:
     """One line per feature the torch at hand cannot support (its private names moved);
-    the rest of nbdist works as usual. Only if torch is imported already: ``%load_ext``
-    does not pay for ``import torch`` (the first world start reports instead). Never raises:
-    the check must not stop the start."""
+    the rest of nbdist works as usual. Only if torch's RPC is imported already, and done
+    (not under way on the prewarm thread): ``%load_ext`` does not wait for ``import torch``
+    (the first world start reports instead). Never raises: the check must not stop the start."""
     import sys
 
-    if "torch.distributed.rpc" not in sys.modules:
+    from .cluster.session import SESSION
+    from .cluster.warmup import MODULE, imported
+
+    if SESSION.warmup.importing or not imported(MODULE):
         return
     try:
         from .patches import torch_private
@@ -117,12 +124,49 @@ def _check_torch() -> None:
         print(line, file=sys.stderr)
 
 
-if _in_jupyter():  # ``import nbdist`` in a kernel: mp.spawn of a cell's function works too
-    _spawn.install()
-
-
 def _new_cell(*_: Any) -> None:
     """Each notebook cell starts the per-cell output limits over."""
     c = current()
     if c is not None:
         c.router.new_cell()
+
+
+_TORCH_WAIT = 300.0  # s: a cell that names torch waits at most this long for the import
+
+
+def _torch_first(ipython: Any) -> None:
+    """Before each cell that names torch, let the background import of torch end (it does
+    not wait otherwise): ``import torch.nn`` beside torch's own body would see a torch
+    half-imported (``cluster/warmup.py``)."""
+    from .cluster.session import SESSION
+    from .cluster.warmup import names_torch
+
+    def wait(info: Any = None) -> None:
+        if SESSION.warmup.importing and names_torch(getattr(info, "raw_cell", "") or ""):
+            SESSION.warmup.wait(_TORCH_WAIT)
+
+    callbacks = ipython.events.callbacks["pre_run_cell"]
+    if not any(getattr(cb, "__qualname__", "") == wait.__qualname__ for cb in callbacks):
+        ipython.events.register("pre_run_cell", wait)
+
+
+def _after_this_cell(ipython: Any, action: Any) -> None:
+    """Run ``action()`` once, when the cell running now has ended (``post_run_cell``)."""
+    events = ipython.events
+
+    def once(*_: Any) -> None:
+        events.unregister("post_run_cell", once)
+        action()
+
+    events.register("post_run_cell", once)
+
+
+if _in_jupyter():  # ``import nbdist`` in a kernel: mp.spawn of a cell's function works too,
+    from .cluster.session import SESSION as _SESSION  # and the first world starts warm
+
+    _spawn.install()
+    if _SESSION.prewarm(import_here=False):  # the template now; torch here once the cell
+        from IPython import get_ipython as _get_ipython  # (`%load_ext` maybe) has ended
+
+        _torch_first(_get_ipython())
+        _after_this_cell(_get_ipython(), _SESSION.warmup.start)

@@ -11,6 +11,8 @@ Hierarchy::
     └── RemoteError              code raised on a worker; carries the remote traceback
         ├── DistCellError        a ``%%dist`` cell failed on one or more ranks
         └── DistCallError        a view's call failed on some ranks; ``.results`` has the rest
+    KeyboardInterrupt
+    └── CellInterrupted          Ctrl-C stopped a ``%%dist`` cell: where each rank was
 
 User mistakes made through magics become ``IPython.core.error.UsageError`` in ``magics.py``;
 the same mistakes through the Python API raise ``ValueError`` with the same message.
@@ -18,9 +20,13 @@ the same mistakes through the Python API raise ``ValueError`` with the same mess
 
 from __future__ import annotations
 
+import traceback
 from dataclasses import dataclass
 
+from . import tracebacks
+
 __all__ = [
+    "CellInterrupted",
     "ClusterStateError",
     "DistCallError",
     "DistCellError",
@@ -109,6 +115,40 @@ class DistCallError(RemoteError):
                  results: dict | None = None) -> None:
         super().__init__(failures, summary)
         self.results = results if results is not None else {}
+
+
+class CellInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped a cell on workers (still a ``KeyboardInterrupt``, so ``except
+    Exception`` does not swallow it). ``failures``: what each rank that stopped raised;
+    ``silent``: the ranks that had not answered yet. A notebook shows one short block per
+    rank, where its code was, and none of nbdist's frames (``NBDIST_TRACEBACK=full``: all)."""
+
+    def __init__(self, failures: list[RankFailure], silent: list[str]) -> None:
+        self.failures, self.silent = failures, silent
+        stopped = ", ".join(f"{f.rank} ({f.name})" for f in failures)
+        super().__init__(f"interrupted on rank{'s' if len(failures) != 1 else ''} {stopped}"
+                         if failures else "interrupted")
+
+    def _render_traceback_(self) -> list[str]:
+        """IPython calls this instead of printing the notebook's frames."""
+        n = len(self.failures) + len(self.silent)
+        head = f"KeyboardInterrupt: the cell was interrupted on {n} rank{'s' if n != 1 else ''}"
+        if self.failures:
+            head += f"; `%dist_debug {self.failures[0].rank}` opens pdb where it stopped"
+        lines = [head]
+        if tracebacks.full():
+            own = "".join(traceback.format_exception(self)).rstrip("\n").splitlines()
+            lines += own[:-1]  # the notebook's own frames (the last line: the head's)
+            for f in self.failures:
+                lines += ["", f"--- rank {f.rank} ({f.name}) ---"]
+                lines += f.traceback.rstrip("\n").splitlines()
+        else:
+            for f in self.failures:
+                lines += tracebacks.short_block(f"rank {f.rank} ({f.name})", f.etype,
+                                                f.message, f.traceback)
+        lines += [f"{label}: did not stop at once (busy outside Python?); still running the "
+                  "cell" for label in self.silent]
+        return lines
 
 
 def safe_str(exc: BaseException) -> str:

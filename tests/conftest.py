@@ -324,7 +324,7 @@ FD_SLACK = 2
 THREAD_GRACE = 5.0  # seconds for nbdist threads to end after a stop (their joins are bounded)
 # Threads that live as long as the warm template or the process, not one world:
 PROCESS_THREADS = {"nbdist-template-reader", "nbdist-send-the template process",
-                   "nbdist-stderr-filter"}
+                   "nbdist-stderr-filter", "nbdist-warmup-import"}  # once, until torch is in
 
 
 def _nbdist_threads() -> list[str]:

@@ -21,11 +21,17 @@ class Reply:
 
 
 class Kernel:
-    """Start a python3 kernel; ``execute`` returns what that one cell produced."""
+    """Start a python3 kernel; ``execute`` returns what that one cell produced. ``argv``,
+    ``env`` and ``interrupt_mode`` replace the kernel spec's (another kernel program)."""
 
-    def __init__(self, cwd: str | None = None) -> None:
+    def __init__(self, cwd: str | None = None, argv: list[str] | None = None,
+                 env: dict[str, str] | None = None, interrupt_mode: str | None = None) -> None:
         self.km = KernelManager(kernel_name="python3")
-        self.km.start_kernel(cwd=cwd)
+        if argv is not None:
+            self.km.kernel_spec.argv = argv
+        if interrupt_mode is not None:
+            self.km.kernel_spec.interrupt_mode = interrupt_mode
+        self.km.start_kernel(cwd=cwd, **({"env": env} if env is not None else {}))
         self.kc = self.km.client()
         self.kc.start_channels()
         self.kc.wait_for_ready(timeout=60)
@@ -96,6 +102,51 @@ class Kernel:
         import ast
 
         return ast.literal_eval(rep.stdout.strip().splitlines()[-1])
+
+    def run_answering(self, code: str, answers: list[str], timeout: float = 60,
+                      on_prompt: Callable[[int], bool] | None = None
+                      ) -> tuple[str, list[str], str]:
+        """Run ``code`` with stdin on, answering each ``input_request`` (pdb's prompt in
+        the notebook's input box) with the next of ``answers`` ("c" once they run out);
+        ``on_prompt(n)`` returning True acts instead of answering the n-th prompt.
+        Returns (stdout and error text, prompts seen, reply status)."""
+        msg_id = self.kc.execute(code, allow_stdin=True)
+        lines = list(answers)
+        prompts: list[str] = []
+        out = ""
+        idle = False
+        deadline = time.monotonic() + timeout
+        while not idle:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"cell still running after {timeout}s; prompts {prompts}; "
+                                   f"output so far:\n{out}")
+            try:
+                req = self.kc.get_stdin_msg(timeout=0.05)
+            except queue.Empty:
+                req = None
+            if req is not None and req["msg_type"] == "input_request":
+                prompts.append(req["content"]["prompt"])
+                if on_prompt is not None and on_prompt(len(prompts)):
+                    continue  # the callback acted instead of answering (e.g. interrupted)
+                self.kc.input(lines.pop(0) if lines else "c")
+            while True:
+                try:
+                    msg = self.kc.get_iopub_msg(timeout=0.01)
+                except queue.Empty:
+                    break
+                if msg["parent_header"].get("msg_id") != msg_id:
+                    continue
+                if msg["msg_type"] == "stream":
+                    out += msg["content"]["text"]
+                elif msg["msg_type"] == "error":
+                    out += "\n".join(msg["content"]["traceback"])
+                elif msg["msg_type"] == "status" and \
+                        msg["content"]["execution_state"] == "idle":
+                    idle = True
+        reply = self.kc.get_shell_msg(timeout=10)
+        while reply["parent_header"].get("msg_id") != msg_id:
+            reply = self.kc.get_shell_msg(timeout=10)
+        return out, prompts, reply["content"]["status"]
 
     def close(self) -> None:
         """Stop the channels and the kernel; free the manager's ports, files and zmq context

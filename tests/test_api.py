@@ -10,11 +10,11 @@ import pytest
 import nbdist
 
 EXPECTED = {
-    "Cluster", "ClusterStateError", "DistCallError", "DistCellError", "DistTimeoutError",
-    "NbdistError",
-    "NoRpcError", "RemoteError", "StartError", "WorkerDiedError", "__version__", "clear_history",
-    "current", "dashboard", "device", "events", "export_history", "history", "history_frame",
-    "load_ipython_extension", "log", "release_hosts", "rpc_stats", "start", "stop",
+    "CellInterrupted", "Cluster", "ClusterStateError", "DistCallError", "DistCellError",
+    "DistTimeoutError", "NbdistError", "NoRpcError", "RemoteError", "StartError",
+    "WorkerDiedError", "__version__", "clear_history", "current", "dashboard", "device",
+    "events", "export_history", "history", "history_frame", "load_ipython_extension", "log",
+    "release_hosts", "rpc_stats", "start", "stop",
 }
 
 

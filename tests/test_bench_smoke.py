@@ -46,6 +46,7 @@ SCRIPTS = {
     "ps_shm.py": ["ps_shm.json", "ps_shm.md"],
     "widgets.py": ["widgets.json", "widgets.md"],
     "views.py": ["views.json", "views.md"],
+    "first_minute.py": ["first_minute.json", "first_minute.md"],
 }
 #: Not run by the smoke test: the same code as another entry, one switch apart.
 SAME_AS = {"rpc.py --unpinned": "rpc.py"}

@@ -6,7 +6,6 @@ sends (pdb's prompt in the notebook's input box) is answered with the next scrip
 
 from __future__ import annotations
 
-import queue
 import time
 
 import pytest
@@ -36,45 +35,7 @@ def any_kernel(request):
     return request.getfixturevalue(request.param)
 
 
-def _run(k: Kernel, code: str, answers: list[str], timeout: float = 60,
-         on_prompt=None) -> tuple[str, list[str], str]:
-    """Run ``code`` answering prompts from ``answers``; (stdout, prompts seen, status)."""
-    msg_id = k.kc.execute(code, allow_stdin=True)
-    lines = list(answers)
-    prompts: list[str] = []
-    out = ""
-    idle = False
-    deadline = time.monotonic() + timeout
-    while not idle:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"cell still running after {timeout}s; prompts {prompts}; "
-                               f"output so far:\n{out}")
-        try:
-            req = k.kc.get_stdin_msg(timeout=0.05)
-        except queue.Empty:
-            req = None
-        if req is not None and req["msg_type"] == "input_request":
-            prompts.append(req["content"]["prompt"])
-            if on_prompt is not None and on_prompt(len(prompts)):
-                continue  # the callback acted instead of answering (e.g. interrupted)
-            k.kc.input(lines.pop(0) if lines else "c")
-        while True:
-            try:
-                msg = k.kc.get_iopub_msg(timeout=0.01)
-            except queue.Empty:
-                break
-            if msg["parent_header"].get("msg_id") != msg_id:
-                continue
-            if msg["msg_type"] == "stream":
-                out += msg["content"]["text"]
-            elif msg["msg_type"] == "error":
-                out += "\n".join(msg["content"]["traceback"])
-            elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
-                idle = True
-    reply = k.kc.get_shell_msg(timeout=10)
-    while reply["parent_header"].get("msg_id") != msg_id:
-        reply = k.kc.get_shell_msg(timeout=10)
-    return out, prompts, reply["content"]["status"]
+_run = Kernel.run_answering
 
 
 def test_post_mortem_inspects_the_failing_frame_and_its_caller(any_kernel):

@@ -364,3 +364,17 @@ def test_ctrl_c_right_after_sending_stops_the_call_before_it_starts(world, ctrl_
                    f"the call interrupted {delay * 1000:.0f} ms after sending to end on "
                    "the worker")
         assert rpc.rpc_sync(c.names[1], os.getpid) == c.ranks[1].pid  # later calls are fine
+
+
+def test_ctrl_c_stops_cells_still_on_their_way(world, tmp_path):
+    """An interrupt stops the cell a worker runs and every cell sent before it that has not
+    begun (it would otherwise run once the interrupted one ended, to its end)."""
+    c = world(1)
+    marker = tmp_path / "ran"
+    first = c.send_cell("import time\ntime.sleep(30)", [1])
+    queued = c.send_cell(f"open({str(marker)!r}, 'w').close()", [1])
+    c.interrupt([1])
+    got = {cell: c.collect(cell, [1], 10.0)[1] for cell in (first, queued)}
+    assert [r.error_type for r in got.values()] == ["KeyboardInterrupt"] * 2, got
+    assert not marker.exists()
+    assert c.run("6 * 7", show=False) == {1: "42"}  # the next cell runs as usual

@@ -58,7 +58,9 @@ def test_interrupt_during_dist_cell_and_blocking_rpc(kernel):
     kernel.km.interrupt_kernel()
     rep = kernel.collect(msg, timeout=30)
     assert time.monotonic() - t0 < 20  # from the SIGINT; the kernel asks for 2 s
-    assert rep.status == "error" and rep.error["ename"] == "KeyboardInterrupt", rep
+    # nbdist.CellInterrupted, a KeyboardInterrupt saying where each rank stopped
+    assert rep.status == "error" and rep.error["ename"] == "CellInterrupted", rep
+    assert "rank 2 (obs2): KeyboardInterrupt" in "\n".join(rep.error["traceback"]), rep
     rep = kernel.execute("%%dist\n'alive'")
     assert "[obs1] 'alive'" in rep.stdout and "[obs2] 'alive'" in rep.stdout
 

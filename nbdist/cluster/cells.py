@@ -7,7 +7,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
-from ..errors import DistCellError, DistTimeoutError, RankFailure, WorkerDiedError
+from ..errors import (
+    CellInterrupted,
+    DistCellError,
+    DistTimeoutError,
+    RankFailure,
+    WorkerDiedError,
+)
 from ..proc.channel import Channel
 from ..proc.protocol import Exec, Flush, Interrupt, Message, Result
 from .comms import CommRelay
@@ -19,6 +25,7 @@ from .router import StatusLine
 __all__ = ["Cells"]
 
 SENT_KEPT = 100  # cells whose targets are remembered until their report
+STOP_GRACE = 0.3  # after Ctrl-C: how long workers have to say where they stopped
 
 
 class CellResults(dict):
@@ -111,17 +118,40 @@ class Cells:
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
             return self._wait(exec_id, targets, deadline)
-        except KeyboardInterrupt:
-            self.interrupt(self._pending(exec_id, targets))
-            try:  # a moment for the workers to report; the notebook comes back regardless
-                self._wait(exec_id, targets, time.monotonic() + 0.5)
-            except (DistTimeoutError, KeyboardInterrupt):
-                pass
-            raise
+        except KeyboardInterrupt as exc:
+            raise self._interrupted(exec_id, targets).with_traceback(exc.__traceback__) \
+                from None
         finally:
             with self.cv:
                 self._results.pop(exec_id, None)
                 self._finished.pop(exec_id, None)
+
+    def _interrupted(self, exec_id: int, targets: list[int]) -> CellInterrupted:
+        """Ctrl-C: interrupt the ranks still running the cell and give them ``STOP_GRACE``
+        to say where they stopped (the notebook comes back regardless, a second Ctrl-C
+        sooner); the error names each rank, at its own line."""
+        self.interrupt(self.pending(exec_id, targets))
+        end = time.monotonic() + STOP_GRACE
+        with self.cv:
+            try:
+                while self._pending(exec_id, targets) and time.monotonic() < end:
+                    self.cv.wait(max(end - time.monotonic(), 0.001))
+            except KeyboardInterrupt:
+                pass
+            got = dict(self._results.get(exec_id, {}))
+            silent = self._pending(exec_id, targets)
+        sent = self._sent.get(exec_id, {})
+        failures = []
+        for r in targets:
+            res, info = got.get(r), sent.get(r) or self.ranks[r]
+            if res is not None and res.status != "ok":
+                failures.append(RankFailure(r, info.name, res.error_type, res.error,
+                                            res.traceback))
+            elif res is None and r not in silent:
+                failures.append(RankFailure(r, info.name, "WorkerDiedError", info.reason(), ""))
+        if failures:
+            self.last_failed = failures[0].rank  # %dist_debug: pdb where it stopped
+        return CellInterrupted(failures, [self.ranks[r].label() for r in silent])
 
     def pending(self, exec_id: int, targets: list[int]) -> list[int]:
         """The targets that may still answer cell ``exec_id`` (a look; nothing is waited for)."""

@@ -75,7 +75,9 @@ def start(n: int, *, name: str = "worker0", worker_name: str = "worker{rank}",
     allocation whose nodes are the hosts, ``--ntasks-per-node`` ranks on each, kept across
     restarts until ``release_hosts()`` (README, "More than one machine").
     ``tabs``: ``%%dist`` cells show a live tab per rank (README, "Output").
+    The start line's "ready in" counts from this call.
     """
+    since = time.monotonic()
     if slurm and hosts:
         raise ValueError("--slurm and --hosts both say where ranks run: give one (--slurm asks "
                          "SLURM for the nodes, --hosts names them)")
@@ -85,13 +87,16 @@ def start(n: int, *, name: str = "worker0", worker_name: str = "worker{rank}",
                      device_maps=device_maps, heal=heal, rpc=rpc,
                      aggregate=aggregate, slurm=slurm, tabs=tabs).validate()
     _refuse_a_second_world()
-    return _start_new(spec, quiet)
+    return _start_new(spec, quiet, since=since)
 
 
-def _start_new(spec: WorldSpec, quiet: bool, handle: Cluster | None = None) -> Cluster:
+def _start_new(spec: WorldSpec, quiet: bool, handle: Cluster | None = None,
+               since: float | None = None) -> Cluster:
     """A world of ``spec`` on its scheduler's allocation, if any, in a new ``Cluster`` or in
     ``handle`` (a full restart: the object a user holds stays the current world's handle); a
-    failed start gives back an allocation it asked for itself (one kept from before stays)."""
+    failed start gives back an allocation it asked for itself (one kept from before stays).
+    ``since`` (``time.monotonic()``): when the user asked (default now)."""
+    since = time.monotonic() if since is None else since
     before = SESSION.allocation
     try:
         spec = allocation.provide(spec, quiet)
@@ -100,7 +105,7 @@ def _start_new(spec: WorldSpec, quiet: bool, handle: Cluster | None = None) -> C
         else:
             cluster = handle
             cluster._build(spec)
-        cluster._start(quiet=quiet)
+        cluster._start(quiet=quiet, since=since)
     except BaseException:
         if SESSION.allocation is not None and SESSION.allocation is not before:
             SESSION.close_agents()
@@ -116,6 +121,7 @@ def restart(n: int | None = None, *, keep: bool = False, quiet: bool = False,
     ``remote_python`` included (``hosts=()`` drops the hosts). ``keep``: live workers keep
     their process and state (``Cluster.restart``).
     """
+    since = time.monotonic()
     c = current()
     if c is not None:
         return c.restart(n, keep=keep, quiet=quiet, **changes)
@@ -123,7 +129,7 @@ def restart(n: int | None = None, *, keep: bool = False, quiet: bool = False,
         raise ClusterStateError("no world to restart; start one with `%dist_start N`")
     if keep and not quiet:
         print("nbdist: no world is running, so no rank has state to keep; starting a fresh one")
-    return _start_new(_changed(Cluster.last_spec, n, changes), quiet)
+    return _start_new(_changed(Cluster.last_spec, n, changes), quiet, since=since)
 
 
 def _refuse_a_second_world(handle: Cluster | None = None) -> None:
@@ -231,11 +237,11 @@ class Cluster:
     def startup_seconds(self) -> float:
         return self._world.startup_seconds
 
-    def _start(self, quiet: bool) -> None:
+    def _start(self, quiet: bool, since: float) -> None:
         _refuse_a_second_world(self)
         self._world.check()  # bad --iface or --launcher: ValueError before anything starts
         Cluster.last_spec = self.spec
-        self._world.start(quiet)
+        self._world.start(quiet, since)
         self._follow_heal_flag()
 
     def _follow_heal_flag(self) -> None:
@@ -433,22 +439,27 @@ class Cluster:
         and the process group are new); dead ranks, and ranks a larger ``n`` adds, start
         fresh under their number and name; a smaller ``n`` stops the ranks beyond it. One
         line says which ranks kept their state. A rank whose host changes starts fresh.
+        The line's time counts from this call (the old world's stop included).
         """
+        since = time.monotonic()
         spec = _changed(self.spec, n, changes)
         _refuse_a_second_world(self)
         if keep and spec.slurm and spec.slurm == self.spec.slurm and allocation.ended(spec):
             keep = False  # its ranks are gone: provide() asks again, and its line says so
         if keep and self.running:
-            self._rebuild(spec, quiet)
+            self._rebuild(spec, quiet, since=since)
             return self
         if keep and not quiet:
             print("nbdist: this world is not running, so no rank has state to keep; "
                   "starting a fresh one")
         self.stop()
-        return _start_new(spec, quiet, handle=self)
+        return _start_new(spec, quiet, handle=self, since=since)
 
-    def _rebuild(self, spec: WorldSpec, quiet: bool, healing: list[int] | None = None) -> None:
-        """``restart(keep=True)`` of a running world (``healing``: the ranks --heal replaces)."""
+    def _rebuild(self, spec: WorldSpec, quiet: bool, healing: list[int] | None = None,
+                 since: float | None = None) -> None:
+        """``restart(keep=True)`` of a running world (``healing``: the ranks --heal replaces;
+        ``since``: when the user asked, default now)."""
+        since = time.monotonic() if since is None else since
         from ..patches.torch_private import usable
 
         if spec.rpc and not usable("restart"):  # every rank would wait in init_rpc
@@ -471,7 +482,7 @@ class Cluster:
             epoch = next(SESSION.epochs)
             self._settled.clear()
             try:
-                self._world.rebuild(spec, spec.names(), epoch, kept)
+                self._world.rebuild(spec, spec.names(), epoch, kept, since)
             finally:
                 self._settled.set()
             self.spec, self.names, self.epoch = spec, spec.names(), epoch

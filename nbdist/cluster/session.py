@@ -7,10 +7,11 @@ then stops the template, which SIGKILLs every worker it forked, then runs ``on_e
 ``core`` stops the current world).
 Displays register their own exit handler later, so it runs before this one (LIFO).
 
-Prewarm: ``%load_ext nbdist`` (and ``import nbdist`` inside a Jupyter kernel) start the template
-in the background (``Session.prewarm``), so the first ``%dist_start`` finds torch imported
-already; ``NBDIST_PREWARM=0`` turns it off. The template exits with the notebook, or after
-``NBDIST_TEMPLATE_IDLE`` seconds (default 600) without workers.
+Prewarm: ``%load_ext nbdist`` (and ``import nbdist`` inside a Jupyter kernel) launch the
+template, which imports torch in its own process, and import torch's RPC here on the
+session's ``Warmup`` thread (``Session.prewarm``, which returns at once), so the first
+``%dist_start`` finds both done; ``NBDIST_PREWARM=0`` turns it off. The template exits with the
+notebook, or after ``NBDIST_TEMPLATE_IDLE`` seconds (default 600) without workers.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from ..proc.netif import Interface
 from ..proc.runtime import runtime_dir
 from ..proc.scheduler import Allocation
 from ..spec import WorldSpec
-from .router import in_jupyter
+from .warmup import Warmup
 
 __all__ = ["PREWARM_ENV", "SESSION", "Session", "prewarm_enabled"]
 
@@ -60,6 +61,7 @@ class Session:
         self.allocation: Allocation | None = None  # --slurm's job, kept across worlds
         self.follower: Any = None  # its time-left warner (``allocation.Follower``)
         self.on_exit: list[Callable[[], None]] = []  # run last at exit, in order
+        self.warmup = Warmup()  # torch's RPC imported here in the background
 
     def settle_joiner(self, deadline: float) -> None:
         """Before a new ``init_rpc``: let a failed start's joining thread end (it is bounded
@@ -120,9 +122,10 @@ class Session:
         job.release()
         return True
 
-    def prewarm(self) -> bool:
-        """Start the warm template in the background (returns at once) unless
-        ``NBDIST_PREWARM=0``; True when it is starting or running."""
+    def prewarm(self, import_here: bool = True) -> bool:
+        """Launch the warm template and import torch's RPC here in the background (returns
+        at once) unless ``NBDIST_PREWARM=0``; True when the template is starting or running.
+        ``import_here=False``: the template only (``warmup.start()`` begins the import)."""
         if not prewarm_enabled():
             return False
         try:
@@ -130,9 +133,8 @@ class Session:
         except Exception as exc:  # noqa: BLE001 - %dist_start will try again and say why
             print(f"nbdist: could not prewarm the worker template: {exc}", file=sys.stderr)
             return False
-        if "torch.distributed.rpc" not in sys.modules:  # rank 0 needs it too: same time
-            threading.Thread(target=_import_rpc, name="nbdist-prewarm-import",
-                             daemon=True).start()
+        if import_here:
+            self.warmup.start()  # rank 0 needs torch too: at the same time
         return True
 
     def template_pid(self) -> int | None:
@@ -149,6 +151,7 @@ class Session:
             self.release_allocation()
             if self.template is not None:
                 self.template.close(timeout=2.0)
+            self.warmup.close(timeout=1.0)  # an import under way: a moment to end
         finally:
             for hook in self.on_exit:
                 hook()
@@ -157,14 +160,3 @@ class Session:
 SESSION = Session()
 atexit.register(SESSION.at_exit)
 
-
-def _import_rpc() -> None:
-    """Import torch's RPC in the background (a cell importing it meanwhile just waits)."""
-    try:
-        import torch.distributed.rpc  # noqa: F401
-    except Exception:  # noqa: BLE001 - %dist_start imports it again and reports
-        pass
-
-
-if in_jupyter():
-    SESSION.prewarm()

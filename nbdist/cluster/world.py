@@ -82,7 +82,10 @@ class World:
     # ------------------------------------------------------------------ start
     def check(self) -> None:
         """Bad ``--iface``, ``--launcher``, ``--gpus``, ``--process-group`` or
-        ``--device-maps``: ValueError before anything starts."""
+        ``--device-maps``: ValueError before anything starts (but the warm template, launched
+        first so that its ``import torch`` runs beside this process's, which planning needs)."""
+        if self.spec.n:
+            SESSION.get_template().ensure_started()
         if self.spec.hosts:
             self.iface = netif.resolve(self.spec.iface)
             launcher_argv(self.spec.launcher, "host", [sys.executable])
@@ -98,8 +101,9 @@ class World:
         return devices.setup(spec.gpus, spec.group_backend, spec.device_maps, names,
                              spec.n + 1, count, has_cuda, allocation.remote_devices(spec))
 
-    def start(self, quiet: bool) -> None:
-        """Start every rank and join them as rank 0; on any failure, tear down and raise."""
+    def start(self, quiet: bool, since: float | None = None) -> None:
+        """Start every rank and join them as rank 0; on any failure, tear down and raise.
+        ``since`` (``time.monotonic()``): when the user asked, for the start line's time."""
         self.state.require(ClusterState.NEW, doing="start")
         self.state = ClusterState.STARTING
         t0 = time.monotonic()
@@ -120,7 +124,7 @@ class World:
             if isinstance(exc, (StartError, DistTimeoutError, KeyboardInterrupt)):
                 raise
             raise StartError(f"could not start the world: {exc}") from exc
-        self._running(t0)
+        self._running(t0 if since is None else since)
         if not quiet:
             note = f" ({self.gpu.note})" if self.gpu is not None and self.gpu.note else ""
             print(f"nbdist: {spec.world_size} ranks ready in {self.startup_seconds:.2f}s: "
@@ -128,12 +132,14 @@ class World:
                   + _without_rpc(self.why_no_rpc, self.spec.group_backend)
                   + _merge_note(spec))
 
-    def rebuild(self, spec: WorldSpec, names: list[str], epoch: int, kept: set[int]) -> None:
+    def rebuild(self, spec: WorldSpec, names: list[str], epoch: int, kept: set[int],
+                since: float | None = None) -> None:
         """Keep-restart: the same world directory, receiver and cells; ranks in ``kept`` keep
         their process (and ``__main__``) and rejoin a new RPC world of ``spec``; every other
         worker rank is forked fresh under its number, ranks beyond the new size are stopped.
         On failure everything is torn down, as a failed start is; flags the machine cannot
-        meet (``--gpus``, nccl) raise ValueError first, with the world untouched."""
+        meet (``--gpus``, nccl) raise ValueError first, with the world untouched. ``since``:
+        as ``start``'s."""
         self.state.require(ClusterState.RUNNING, doing="restart keeping state")
         gpu = self._plan_devices(spec, names)
         self.state = ClusterState.STARTING
@@ -170,7 +176,7 @@ class World:
                 raise
             raise StartError(f"could not rebuild the world, so every rank was stopped "
                              f"(`%dist_restart` starts a fresh one): {exc}") from exc
-        self._running(t0)
+        self._running(t0 if since is None else since)
 
     def _warm_template(self, quiet: bool, keeping: bool) -> Launcher:
         """The session's template, started if it is not; a fresh one if the environment
@@ -235,9 +241,9 @@ class World:
         if spec.rpc:
             watch.ping_all()
 
-    def _running(self, t0: float) -> None:
+    def _running(self, since: float) -> None:
         self.state = ClusterState.RUNNING
-        self.startup_seconds = time.monotonic() - t0
+        self.startup_seconds = time.monotonic() - since
         torchrun_env.enter(torchrun_env.variables(0, self.spec.placement()))
         records.set_identity(0, self.names[0])
         if self.spec.rpc:

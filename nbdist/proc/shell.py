@@ -32,6 +32,7 @@ from typing import Any
 
 from ..errors import safe_str
 from ..table import human_bytes
+from ..tracebacks import own_file
 from .protocol import ClearOutput, DisplayChunk, DisplayData, Message, Result, encode
 
 __all__ = ["LIMIT", "MPL_INLINE", "bind", "main_module", "preload", "run_cell"]
@@ -345,10 +346,19 @@ def _run_piped(cmd: str) -> int:
 
 def _from_cell(exc: BaseException, filename: str) -> Any:
     """The traceback from the cell's first frame on (IPython's frames above it are not the
-    user's business); None for errors before the cell ran (a syntax error)."""
+    user's business); None for errors before the cell ran (a syntax error). After Ctrl-C it
+    ends at the user's line: the signal handler's frames below it are nbdist's."""
     tb = exc.__traceback__
     while tb is not None and tb.tb_frame.f_code.co_filename != filename:
         tb = tb.tb_next
+    if isinstance(exc, KeyboardInterrupt):
+        last, t = None, tb
+        while t is not None:
+            if not own_file(t.tb_frame.f_code.co_filename):
+                last = t
+            t = t.tb_next
+        if last is not None:
+            last.tb_next = None
     return tb
 
 

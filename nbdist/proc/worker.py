@@ -52,6 +52,8 @@ _cfg: dict = {}  # this worker's config, its joining keys updated by each ``Rejo
 _rejoining = threading.Lock()  # held while a rejoin thread leaves one world for the next
 _debugger: Debugger = None  # type: ignore[assignment] - set at start-up
 _executing = False
+_queued = 0  # the id of the last cell handed to the main thread
+_cancelled = 0  # cells up to this id were interrupted: one not begun yet does not run
 _rank = -1
 
 
@@ -392,6 +394,7 @@ def _post_mortem(exec_id: int) -> Result:
 
 def _read_commands(cells: queue.Queue) -> None:
     """Reader thread: cells go to the main thread; interrupts, flushes and stops act at once."""
+    global _queued, _cancelled
     assert _channel is not None
     while True:
         try:
@@ -403,12 +406,15 @@ def _read_commands(cells: queue.Queue) -> None:
         except (EOFError, OSError):
             os._exit(1)  # the notebook is gone: nothing to serve
         if isinstance(msg, (Exec, Debug)):
+            if isinstance(msg, Exec):
+                _queued = msg.exec_id
             cells.put(msg)
         elif isinstance(msg, DebugInput):
             _debugger.answer(msg.session, msg.line)
         elif isinstance(msg, Interrupt) and msg.rpc_only:
             rpc_hooks.interrupt_rpc_threads()  # the cell, if any, is not the one interrupted
         elif isinstance(msg, Interrupt):
+            _cancelled = _queued  # before the signal: a cell about to begin sees it
             _debugger.end_all()
             signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
             _drop_queued_output()
@@ -444,6 +450,8 @@ def _run_cell(ns: dict, code: str, filename: str, exec_id: int) -> Result:
     try:
         _executing = True
         try:
+            if exec_id <= _cancelled:  # Ctrl-C came while it was on its way
+                raise KeyboardInterrupt
             return shell.run_cell(code, filename, exec_id)
         finally:
             _executing = False
