@@ -74,6 +74,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/output.py
 	$(BIN)/python bench/slurm.py
 	$(BIN)/python bench/ps_shm.py
+	$(BIN)/python bench/shm_fixed_cost.py
 	$(BIN)/python bench/widgets.py
 	$(BIN)/python bench/views.py
 
