@@ -87,7 +87,7 @@ def _seal_phases(p: dict, who: str, recs: list) -> int:
     s, c, w = _first(recs, "seal"), _first(recs, "claim"), _first(recs, "written")
     p[f"{who} slot claim"] = (c[2] - c[1]) * 1e-3
     p[f"{who} copy into slot"] = (w[1] - c[2]) * 1e-3
-    p[f"{who} copy: minor faults"] = float(s[3])
+    p[f"{who} claim + copy: minor faults"] = float(s[3])
     p[f"{who} descriptor pickle"] = (s[2] - w[1]) * 1e-3
     return s[2]
 
