@@ -44,6 +44,7 @@ SCRIPTS = {
     "output.py": ["output.json", "output.md"],
     "slurm.py": ["slurm.json", "slurm.md"],
     "ps_shm.py": ["ps_shm.json", "ps_shm.md"],
+    "shm_fixed_cost.py": ["shm_fixed_cost.json", "shm_fixed_cost.md"],
     "widgets.py": ["widgets.json", "widgets.md"],
     "views.py": ["views.json", "views.md"],
     "first_minute.py": ["first_minute.json", "first_minute.md"],

@@ -108,6 +108,17 @@ def test_values_dtypes_and_shapes_equal_both_ways(two):
     assert after["fallback"] == before["fallback"]
 
 
+def test_both_copies_into_a_slot_keep_values(two):
+    """A span from ``_THREADED_COPY_MIN`` is copied by torch's threads, a smaller one by one
+    ``memmove`` (here from an offset inside a larger storage): both arrive exactly."""
+    big = torch.randn(shm._THREADED_COPY_MIN // 4 + 17)
+    before = shm.usage()["sent"]
+    for t in (big, big[1001:1001 + MB], big[5:].view(-1)[:: 2]):
+        back = rpc.rpc_sync("worker1", echo, args=(t,))
+        assert torch.equal(back, t) and back.stride() == t.stride()
+    assert shm.usage()["sent"] - before == 3
+
+
 def test_rpc_async_remote_and_to_here(two):
     t = make(torch.float32, (1024, 1024))
     assert torch.equal(rpc.rpc_async("worker1", echo, args=(t,)).wait(), t)

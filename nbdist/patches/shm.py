@@ -28,6 +28,7 @@ DEFAULT_MB = 1024  # NBDIST_SHM_MB: each rank's arena (faulted in only as far as
 DEFAULT_MIN_KB = 2048  # NBDIST_SHM_MIN_KB: smaller tensors go the ordinary way (why this
 # threshold: bench/results/notes.md)
 _GROUP_ALIGN = 64
+_THREADED_COPY_MIN = 64 << 20  # a span this large is copied by torch's threads
 
 
 def settings() -> dict | None:
@@ -220,6 +221,19 @@ def _u8(addr: int, nbytes: int) -> Any:
     return torch.frombuffer((ctypes.c_char * nbytes).from_address(addr), dtype=torch.uint8)
 
 
+def _copy(dst: int, storage: Any, lo: int, nbytes: int) -> None:
+    """Copy bytes ``lo``..``lo + nbytes`` of ``storage`` to address ``dst``: one ``memmove``
+    in this thread (GIL released) below ``_THREADED_COPY_MIN``, torch's threaded copy above
+    (waking torch's thread pool costs more than it saves below; bench/shm_fixed_cost.py)."""
+    if nbytes < _THREADED_COPY_MIN:
+        ctypes.memmove(dst, storage.data_ptr() + lo, nbytes)
+        return
+    import torch
+
+    src = torch.empty(0, dtype=torch.uint8).set_(storage, lo, (nbytes,), (1,))
+    _u8(dst, nbytes).copy_(src)
+
+
 def _seal(tensors: list, send_tables: list) -> Any:
     """Lay the tensors out by storage, copy them into one slot, return the descriptor."""
     import torch
@@ -253,8 +267,7 @@ def _seal(tensors: list, send_tables: list) -> Any:
             out = []
             for key, (_, goff) in layout.items():
                 storage, lo, hi = groups[key]
-                src = torch.empty(0, dtype=torch.uint8).set_(storage, lo, (hi - lo,), (1,))
-                _u8(arena.addr + offset + goff, hi - lo).copy_(src)
+                _copy(arena.addr + offset + goff, storage, lo, hi - lo)
                 out.append((goff, hi - lo))
         except BaseException:
             arena.release(slot)
@@ -353,8 +366,10 @@ def _decode(data: bytes, recv: list) -> list:
                 bases.append(torch.frombuffer(buf, dtype=torch.uint8))
         else:
             for goff, n in groups:
-                bases.append(torch.empty(n, dtype=torch.uint8).copy_(
-                    _u8(peer.addr + offset + goff, n)))
+                base = torch.empty(n, dtype=torch.uint8)
+                _copy(base.data_ptr(), _u8(peer.addr + offset + goff, n).untyped_storage(),
+                      0, n)
+                bases.append(base)
     except BaseException:
         peer.give_back(slot)
         raise
