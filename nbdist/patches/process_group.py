@@ -70,6 +70,9 @@ class _State:
     made = False  # the default group now is one user code made here
     excepthook: Any = None  # before the user's init (torch wraps it at every init)
     timeout = 0.0  # the last user group's timeout, seconds
+    # the stores of the user groups made in this world: torch keeps only their C++ half, whose
+    # methods are the Python object's (new_group, DeviceMesh call them long after the init)
+    stores: list[Any] = []
 
 
 def installed() -> bool:
@@ -118,7 +121,7 @@ def detach() -> None:
     if close is not None:
         close()
     _State.member = _State.own_group = _State.base = None
-    _State.borrowed = False
+    _State.borrowed, _State.stores = False, []
 
 
 def _world_groups(group: Any) -> list[Any]:
@@ -196,6 +199,7 @@ def init_process_group(*args: Any, **kwargs: Any) -> None:
             raise _explain(exc, member, rank, size, timeout) from exc
         raise
     _State.made = True
+    _State.stores.append(meeting.store)
     _State.excepthook, _State.timeout = hook, timeout.total_seconds()
     return None
 
