@@ -99,3 +99,21 @@ def test_a_rank_killed_mid_cell_interrupts_the_others_at_once(k):
     assert rep.status == "error" and took < 5, (took, shown)
     assert "rank 1 (worker1)" in shown and "SIGKILL" in shown, shown
     assert k.execute("%dist_stop").status == "ok"
+
+
+def test_plain_dist_shows_a_ranks_error_at_once_while_the_others_run_on(k):
+    assert k.execute("%dist_start 2").status == "ok"
+    seen: list[tuple[float, str]] = []
+    t0 = time.monotonic()
+
+    def on_message(msg):
+        if msg["msg_type"] == "stream":
+            seen.append((time.monotonic() - t0, msg["content"]["text"]))
+
+    status, _ = k.cell("%%dist\n" + SLEEP_UNLESS.format(
+        rank=2, action="raise ValueError('rank 2 gives up')", sleep=3), on_message=on_message)
+    took = time.monotonic() - t0
+    assert status == "error" and took >= 3
+    early = [t for t, text in seen if "rank 2 (worker2) failed: ValueError" in text]
+    assert early and early[0] < 2, seen  # shown while rank 1 still slept
+    assert k.execute("%dist_stop").status == "ok"
