@@ -48,6 +48,7 @@ SCRIPTS = {
     "widgets.py": ["widgets.json", "widgets.md"],
     "views.py": ["views.json", "views.md"],
     "first_minute.py": ["first_minute.json", "first_minute.md"],
+    "fail_fast.py": ["fail_fast.json", "fail_fast.md"],
 }
 #: Not run by the smoke test: the same code as another entry, one switch apart.
 SAME_AS = {"rpc.py --unpinned": "rpc.py"}

@@ -100,15 +100,19 @@ def test_only_a_cell_that_names_torch_waits_for_its_import(kernels):
 def test_start_line_counts_from_the_call_without_prewarm(kernels):
     k = kernels()
     _timed(k, "%env NBDIST_PREWARM=0\n%load_ext nbdist")
+    # what a cell costs the kernel around the magic (message, parse, reply): not counted
+    slack = 0.3 + max(_timed(k, "pass")[0] for _ in range(3))
     waited, out = _timed(k, "%dist_start 4")
     said = _ready_in(out)
     _timed(k, "%dist_stop")
     # it used to start its clock after this process's import of torch: 1.5 s short here
-    assert waited - 0.3 <= said <= waited, f"waited {waited:.2f}s, the line said {said:.2f}s"
+    assert waited - slack <= said <= waited, \
+        f"waited {waited:.2f}s, the line said {said:.2f}s (slack {slack:.2f}s)"
     waited, out = _timed(k, "%dist_restart 2")
     said = _ready_in(out)
     _timed(k, "%dist_stop")
-    assert waited - 0.3 <= said <= waited, f"restart: waited {waited:.2f}s, said {said:.2f}s"
+    assert waited - slack <= said <= waited, \
+        f"restart: waited {waited:.2f}s, said {said:.2f}s (slack {slack:.2f}s)"
 
 
 # ---------------------------------------------------------------- Ctrl-C during %%dist
