@@ -2,8 +2,10 @@
 in a world. Real worlds (this process is rank 0, as a notebook is), real Gloo groups.
 
 ``init_process_group`` with ``env://``, ``tcp://`` or ``file://`` joins the world's private
-rendezvous (no port, no file); a world's own group is taken rather than refused "twice"; a
-rank or size the world cannot match is refused naming both; demo after demo works;
+rendezvous (no port, no file); everything else is as in a script (issue 33): a world's own
+group is lent to a call that asks for it and ended by the user's destroy; a subset of the
+world numbered from 0 meets at its own rendezvous; only what torch refuses is refused (and a
+group larger than the world); demo after demo works;
 ``RANK``/``WORLD_SIZE``/... are set on every rank and the notebook gets its own back at stop.
 The destroy-then-free stress in a real kernel is in ``test_tutorial_freeze.py``.
 """
@@ -138,40 +140,89 @@ def test_a_function_run_on_every_rank_over_rpc_joins_a_group(ipython):
 
 
 @pytest.mark.parametrize("flags", ["--process-group gloo", "--no-rpc"])
-def test_a_world_with_its_own_group_takes_the_call_and_keeps_its_group(ipython, capsys,
-                                                                       flags):
+def test_a_world_with_its_own_group_lends_it_and_the_users_destroy_ends_it(ipython, capsys,
+                                                                          flags):
     ipython.run_line_magic("dist_start", f"1 {flags}")
-    world_group = dist.group.WORLD
-    _local(ipython, TUTORIAL)
-    _local(ipython, f"w = demo_basic({RANK}, 2)")  # init is accepted, not refused "twice"
-    assert "uses this world's own process group" in capsys.readouterr().err
-    assert dist.is_initialized() and dist.group.WORLD is world_group  # cleanup() left it
-    _local(ipython, "t = torch.ones(1)\ndist.all_reduce(t)\nt.item()")
+    c = nbdist.current()
+    _local(ipython, "import torch, torch.distributed as dist\n"
+                    "t = torch.ones(1)\ndist.all_reduce(t)\nt.item()")  # the world's group
     assert "[worker1] 2.0" in capsys.readouterr().out
-    with pytest.raises(ValueError, match="already has a default process group of 2 ranks"):
-        dist.init_process_group("gloo", world_size=1)  # no other default group fits here
-    with pytest.raises(ValueError, match="'nccl'.* default process group is gloo"):
-        dist.init_process_group("nccl")
-    assert dist.group.WORLD is world_group
+    _local(ipython, TUTORIAL)
+    _local(ipython, f"w = demo_basic({RANK}, 2)")  # torchrun-style init takes the world's group
+    assert "takes this world's own process group" in capsys.readouterr().err
+    # cleanup() ended it, as in a script: no default group on any rank
+    assert not dist.is_initialized()
+    with pytest.raises(ValueError, match="has not been initialized"):
+        dist.get_rank()
+    assert c.run("dist.is_initialized()", show=False) == {1: "False"}
+    for _ in range(2):  # the tutorial's loop goes on, with groups of its own
+        _local(ipython, f"w = demo_basic({RANK}, 2)")
+        assert c.run("w", show=False)[1] == repr(ipython.user_ns["w"])
+    dist.init_process_group("gloo", rank=0, world_size=1)  # another size: the notebook alone
+    t = torch.ones(2)
+    dist.all_reduce(t)
+    assert (dist.get_world_size(), t.tolist()) == (1, [1.0, 1.0])
+    with pytest.raises(ValueError, match="twice"):  # torch's own error, as in a script
+        dist.init_process_group("gloo", rank=0, world_size=1)
+    dist.destroy_process_group()
+    with pytest.raises(AssertionError):  # torch's, for a destroy with nothing to destroy
+        dist.destroy_process_group()
 
 
-def test_a_rank_or_size_the_world_cannot_match_is_refused_naming_both(ipython):
+def test_another_group_ends_the_worlds_own_on_its_members_only(ipython, capsys):
+    ipython.run_line_magic("dist_start", "2 --process-group gloo")
+    c = nbdist.current()
+    world_group = dist.group.WORLD
+    # ranks 0 and 1 form a group of 2 numbered the other way round, as a script's two
+    # processes could; rank 2 keeps the world's group
+    ipython.run_cell_magic("dist", "--local --ranks 1", "import torch.distributed as dist\n"
+                           "dist.init_process_group('gloo', rank=1 - dist.get_rank(), "
+                           "world_size=2)\nr = dist.get_rank()")
+    assert dist.is_initialized() and dist.group.WORLD is not world_group
+    assert (dist.get_rank(), dist.get_world_size()) == (1, 2)
+    assert c.run("(r, dist.get_world_size())", ranks=[1], show=False) == {1: "(0, 2)"}
+    assert c.run("import torch.distributed as dist\n(dist.get_rank(), dist.get_world_size())",
+                 ranks=[2], show=False) == {
+        2: "(2, 3)"}
+    ipython.run_cell_magic("dist", "--local --ranks 1", "dist.destroy_process_group()")
+    assert not dist.is_initialized()
+
+
+def test_a_subset_of_the_world_numbered_from_0_meets_at_its_own_rendezvous(ipython):
+    """pytorch/examples distributed/rpc/ddp_rpc: two trainers of four RPC ranks form a Gloo
+    group of their own with ``init_method="tcp://localhost:29500"``."""
+    ipython.run_line_magic("dist_start", "3")
+    c = nbdist.current()
+    pids = [os.getpid(), *c.worker_pids()]
+    code = ("import torch, torch.distributed as dist\n"
+            "dist.init_process_group('gloo', init_method='tcp://localhost:29500', "
+            "rank=dist_rank - 2, world_size=2)\n"
+            "t = torch.tensor([float(dist.get_rank() + 1)])\ndist.all_reduce(t)\n"
+            "(dist.get_rank(), dist.get_world_size(), t.item())")
+    for _ in range(2):  # and again, under fresh keys
+        out = c.run(code.replace("dist_rank", "int(__import__('os').environ['RANK'])"),
+                    ranks=[2, 3], show=False)
+        assert out == {2: "(0, 2, 3.0)", 3: "(1, 2, 3.0)"}
+        assert all(port != 29500 for _, _, port in listening(pids))
+        c.run("dist.destroy_process_group()", ranks=[2, 3], show=False)
+    assert not dist.is_initialized()
+
+
+def test_only_what_torch_refuses_is_refused(ipython):
     ipython.run_line_magic("dist_start", "1")
     c = nbdist.current()
     with pytest.raises(ValueError, match=r"world_size=5\).*of this nbdist world of 2"):
-        dist.init_process_group("gloo", rank=0, world_size=5)
-    with pytest.raises(ValueError, match=r"rank=1\).*rank 0 \(worker0\).*must be 0"):
-        dist.init_process_group("gloo", rank=1, world_size=2)
-    with pytest.raises(DistCellError, match="rank 1 is not in a group of 1"):
+        dist.init_process_group("gloo", rank=0, world_size=5)  # could never meet
+    with pytest.raises(DistCellError, match="rank < size"):  # gloo's own refusal
         c.run("import torch.distributed as dist\n"
               "dist.init_process_group('gloo', rank=1, world_size=1)", show=False)
     assert not dist.is_initialized()
-    # a group of the first ranks only is fine: here, the notebook alone
-    dist.init_process_group("gloo", rank=0, world_size=1)
+    dist.init_process_group("gloo", rank=0, world_size=1)  # a group of one: fine
     t = torch.ones(2)
     dist.all_reduce(t)
     dist.destroy_process_group()
     assert t.tolist() == [1.0, 1.0]
+    assert c.run("dist.is_initialized()", show=False) == {1: "False"}
 
 
 ENV_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
