@@ -11,9 +11,10 @@ from ..errors import DistCellError, DistTimeoutError, RankFailure, WorkerDiedErr
 from ..proc.channel import Channel
 from ..proc.protocol import Exec, Flush, Interrupt, Message, Result
 from .debug import DebugDesk
+from .hints import where_defined
 from .ranks import RankInfo
 from .rich import RichOutput
-from .router import StatusLine
+from .router import Router, StatusLine
 
 __all__ = ["Cells"]
 
@@ -104,11 +105,14 @@ class Cells:
         self.send(rank, Interrupt(rpc_only=True))
 
     # -- waiting ------------------------------------------------------------------------------
-    def collect(self, exec_id: int, targets: list[int], timeout: float | None) -> dict:
-        """Wait for a cell's results; interrupts and deaths are handled, never hangs."""
+    def collect(self, exec_id: int, targets: list[int], timeout: float | None,
+                partial: bool = False) -> dict:
+        """Wait for a cell's results; interrupts and deaths are handled, never hangs.
+        ``partial``: at the timeout, the ranks still running are interrupted and the results
+        that arrived are returned (the others absent) instead of raising."""
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
-            return self._wait(exec_id, targets, deadline)
+            return self._wait(exec_id, targets, deadline, partial)
         except KeyboardInterrupt:
             self.interrupt(self._pending(exec_id, targets))
             try:  # a moment for the workers to report; the notebook comes back regardless
@@ -126,6 +130,18 @@ class Cells:
         with self.cv:
             return self._pending(exec_id, targets)
 
+    def first_failure(self, exec_id: int, targets: list[int]) -> int | None:
+        """The target that failed cell ``exec_id`` first (raised, or its process ended), if
+        any yet (a look; nothing is waited for)."""
+        with self.cv:
+            got, sent = self._results.get(exec_id, {}), self._sent.get(exec_id, {})
+            when = self._finished.get(exec_id, {})
+            raised = [r for r in targets if r in got and got[r].status == "error"]
+            if raised:
+                return min(raised, key=lambda r: when.get(r, 0.0))
+            return next((r for r in targets if r not in got and not self._answers(sent, r)),
+                        None)
+
     def _pending(self, exec_id: int, targets: list[int]) -> list[int]:
         got = self._results.get(exec_id, {})
         sent = self._sent.get(exec_id, {})
@@ -138,18 +154,23 @@ class Cells:
         was = sent.get(r, now)
         return was is not None and was is now and was.alive
 
-    def _wait(self, exec_id: int, targets: list[int], deadline: float | None) -> dict:
+    def _wait(self, exec_id: int, targets: list[int], deadline: float | None,
+              partial: bool = False) -> dict:
         with self.desk.waiting():
-            return self._wait_serving(exec_id, targets, deadline)
+            return self._wait_serving(exec_id, targets, deadline, partial)
 
-    def _wait_serving(self, exec_id: int, targets: list[int], deadline: float | None) -> dict:
+    def _wait_serving(self, exec_id: int, targets: list[int], deadline: float | None,
+                      partial: bool) -> dict:
         started = time.monotonic()
         status: StatusLine | None = None
         next_status = started + StatusLine.AFTER
+        announced: set[int] = set()
         with self.cv:
             while True:
                 pending = self._pending(exec_id, targets)
                 now = time.monotonic()
+                if pending and not partial:  # (partial: the others were interrupted)
+                    self._announce_failures(exec_id, announced)
                 if not pending:
                     if status is not None:
                         status.done(self._summary(exec_id, targets, started))
@@ -166,6 +187,11 @@ class Cells:
                     next_status = now + StatusLine.EVERY
                 if deadline is not None and time.monotonic() > deadline:
                     self.interrupt(pending)
+                    if partial:
+                        got = CellResults(self._results.get(exec_id, {}))
+                        got.sent = dict(self._sent.get(exec_id, {}))
+                        got.finished = dict(self._finished.get(exec_id, {}))
+                        return got
                     who = ", ".join(self.ranks[r].label() for r in pending)
                     raise DistTimeoutError(f"timed out waiting for {who} to finish the cell; "
                                            "they were interrupted")
@@ -176,6 +202,15 @@ class Cells:
                         self.desk.serve()
                     finally:
                         self.cv.acquire()
+
+    def _announce_failures(self, exec_id: int, announced: set[int]) -> None:
+        """A rank's error shows the moment it arrives, while the others run on (its full
+        traceback comes with the cell's end)."""
+        for r, res in self._results.get(exec_id, {}).items():
+            if res.status == "error" and r not in announced:
+                announced.add(r)
+                Router.write("stderr", f"nbdist: {self.ranks[r].label()} failed: "
+                                       f"{res.error_type}: {res.error} (the others run on)\n")
 
     def _summary(self, exec_id: int, targets: list[int], started: float) -> str:
         done = self._finished.get(exec_id, {})
@@ -188,7 +223,9 @@ class Cells:
         values: dict[int, str | None] = {}
         failures: list[RankFailure] = []
         sent = getattr(results, "sent", {})
-        for r in targets:
+        finished = getattr(results, "finished", {})
+        hints: set[str] = set()
+        for r in sorted(targets, key=lambda r: finished.get(r, float("inf"))):  # first first
             res: Result | None = results[r]
             info = sent.get(r) or self.ranks[r]
             if res is None:
@@ -202,8 +239,11 @@ class Cells:
                     body = res.value.replace("\n", f"\n[{info.name}] ")
                     print(f"[{info.name}] {body}")
             else:
+                hint = where_defined(res.error_type, res.error)
+                hint = "" if hint in hints else hint  # once per cell
+                hints.add(hint)
                 failures.append(RankFailure(r, info.name, res.error_type, res.error,
-                                            res.traceback))
+                                            res.traceback + hint))
         if failures:
             self.last_failed = failures[-1].rank
             ranks = ", ".join(f"{f.rank} ({f.name})" for f in failures)
