@@ -93,7 +93,7 @@ class WorldSpec:
         if self.aggregate not in (True, False, "auto"):
             raise ValueError(f"aggregate must be True, False or 'auto' (`--aggregate "
                              f"on|off|auto`), got {self.aggregate!r}")
-        if self.process_group not in (None, "gloo", "nccl", "auto"):
+        if self.process_group not in (None, "gloo", "nccl", "auto", "none"):
             raise ValueError(f"--process-group {self.process_group!r} is not supported; use "
                              "gloo (CPU collectives, DDP), nccl (a GPU per rank) or auto")
         parse_gpus(self.gpus)  # the flag's form; which GPUs exist is checked at start
@@ -151,7 +151,10 @@ class WorldSpec:
     @property
     def group_backend(self) -> str | None:
         """The process group to start: ``process_group``, or gloo in a world without RPC
-        (the group is then what holds the world together)."""
+        (the group is then what holds the world together); ``"none"``: no group (a bare
+        world: neither RPC nor a group, as a spawned process starts)."""
+        if self.process_group == "none":
+            return None
         return self.process_group or (None if self.rpc else "gloo")
 
     @property

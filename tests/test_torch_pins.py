@@ -104,6 +104,7 @@ PINNED = {
     "torch.distributed.rpc.api._get_current_rpc_agent",
     "torch.distributed.rpc._init_counter",
     "torch.distributed.rpc._init_counter_lock",
+    "torch.distributed.rpc.rendezvous_iterator",
     "torch.distributed.rpc._set_rpc_timeout",
     "torch.distributed.rpc.constants.DEFAULT_PROCESS_GROUP_TIMEOUT",
     "torch.distributed.rpc.rref_proxy._local_invoke",
@@ -113,8 +114,19 @@ PINNED = {
     "torch._C._distributed_rpc.PyRRef.to_here",
     "libtorch_cpu.so.RRefContext::getInstance()::context",
     "libtorch_cpu.so.TensorPipeAgent::guessAddress()::uvAddress",
+    "libtorch_cpu.so.rpc::barrierId",
     "torch.distributed.distributed_c10d._world.pg_map",
     "torch.distributed.distributed_c10d._world.group_count",
+    "torch.distributed.distributed_c10d._world.pg_names",
+    "torch.distributed.distributed_c10d._world.pg_group_ranks",
+    "torch.distributed.distributed_c10d._world.pg_backend_config",
+    "torch.distributed.distributed_c10d._world.pg_to_tag",
+    "torch.distributed.distributed_c10d._world.tags_to_pg",
+    "torch.distributed.distributed_c10d._world.pg_coalesce_state",
+    "torch.distributed.distributed_c10d._world.comms",
+    "torch.distributed.distributed_c10d._update_default_pg",
+    "torch._C._distributed_c10d._register_process_group",
+    "torch._C._distributed_c10d._unregister_process_group",
 }
 
 

@@ -22,13 +22,14 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import itertools
 import os
 import pickle
 import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..errors import DistTimeoutError, RankFailure
@@ -36,12 +37,16 @@ from ..patches import spawn as patch
 from ..proc import spawned
 from . import core
 
-__all__ = ["AFTER_FAILURE", "install", "take"]
+__all__ = ["AFTER_FAILURE", "BARE", "install", "starts_rpc", "take"]
 
 # How long the other ranks may still take after one failed: they are probably waiting in a
 # collective for it; then they are interrupted and the failure is raised.
 AFTER_FAILURE = 5.0
+# a world that a spawn starts for itself, or restarts for a function that starts RPC: no RPC
+# agent, no process group, as a spawned process begins
+BARE = {"rpc": False, "process_group": "none"}
 _MISSING = object()  # a rank whose result was not collected (interrupted after a failure)
+_GENERATIONS = itertools.count(1)  # spawns run from this notebook (``spawned.call``)
 
 
 def install() -> None:
@@ -59,7 +64,8 @@ def take(fn: Callable, args: tuple, nprocs: int, join: bool, daemon: bool,
     cluster = core.current()
     if cluster is None and (start_method == "fork" or _plain_spawn_works(fn, args)):
         return patch.DECLINE  # a forked child has the notebook's __main__: torch's own works
-    cluster = _world_of(cluster, nprocs, getattr(fn, "__qualname__", repr(fn)))
+    cluster = _world_of(cluster, nprocs, getattr(fn, "__qualname__", repr(fn)),
+                        starts_rpc(fn))
     run = _Spawn(cluster, fn, args, nprocs)
     if not join:
         run.start_thread()
@@ -84,8 +90,11 @@ def _plain_spawn_works(fn: Callable, args: tuple) -> bool:
     return not (interactive and b"__main__" in data)
 
 
-def _world_of(cluster: core.Cluster | None, nprocs: int, what: str) -> core.Cluster | None:
-    """A running world of ``nprocs`` ranks (None for one process: the notebook alone)."""
+def _world_of(cluster: core.Cluster | None, nprocs: int, what: str,
+              own_rpc: bool = False) -> core.Cluster | None:
+    """A running world of ``nprocs`` ranks (None for one process: the notebook alone);
+    ``own_rpc``: the function calls ``init_rpc`` itself, so a world with RPC is
+    keep-restarted bare for it."""
     if nprocs == 1:
         if cluster is not None:
             print(f"nbdist: mp.spawn({what}, nprocs=1) runs process 0 here, in the notebook; "
@@ -93,12 +102,15 @@ def _world_of(cluster: core.Cluster | None, nprocs: int, what: str) -> core.Clus
         return None
     t0 = time.monotonic()
     if cluster is None:
-        cluster = core.start(nprocs - 1, quiet=True)
+        cluster = core.start(nprocs - 1, quiet=True, **BARE)
         print(f"nbdist: mp.spawn({what}, nprocs={nprocs}) started a world of {nprocs} ranks "
               f"in {time.monotonic() - t0:.2f}s: the notebook is process 0, worker i process "
-              "i; it stays up for the next spawn (`%dist_stop` ends it)")
+              "i; like spawned processes, they have no RPC agent and no process group until "
+              "the function makes them; it stays up for the next spawn (`%dist_stop` ends it)")
         return cluster
     size = cluster.world_size
+    if own_rpc and cluster.rpc:
+        return _bare(cluster, nprocs, what, t0)
     if size == nprocs:
         return cluster
     local = cluster.spec.n + nprocs - size  # ranks on other hosts stay as they are
@@ -115,6 +127,52 @@ def _world_of(cluster: core.Cluster | None, nprocs: int, what: str) -> core.Clus
     return cluster
 
 
+def _bare(cluster: core.Cluster, nprocs: int, what: str, t0: float) -> core.Cluster:
+    """``cluster`` (which has RPC) keep-restarted to ``nprocs`` bare ranks: the function
+    starts RPC itself, which an agent already running would refuse ("already initialized")."""
+    local = cluster.spec.n + nprocs - cluster.world_size
+    if local < 0 or cluster.spec.hosts:
+        raise ValueError(f"mp.spawn({what}) calls rpc.init_rpc itself, so this world's RPC "
+                         "agent must go first, and a world with ranks on other hosts is not "
+                         "restarted for it: `%dist_restart --no-rpc --keep` it first")
+    kept = [r for r, i in cluster.ranks.items() if 0 < r < nprocs and i.alive]
+    cluster = cluster.restart(local, keep=True, quiet=True, **BARE)
+    print(f"nbdist: mp.spawn({what}, nprocs={nprocs}) calls rpc.init_rpc itself, as a spawned "
+          f"process does: keep-restarted this world to {nprocs} ranks without RPC agent or "
+          f"process group in {time.monotonic() - t0:.2f}s (kept state: "
+          f"{', '.join(map(str, kept)) or 'none'}); `%dist_restart --rpc` brings RPC "
+          "back")
+    return cluster
+
+
+def starts_rpc(fn: Callable, depth: int = 3) -> bool:
+    """Whether ``fn``, or a function it names (``depth`` calls down), names ``init_rpc``:
+    a script-style RPC program (it starts its own agent) rather than code for a world."""
+    seen: set[int] = set()
+
+    def codes(code: Any) -> Iterator[Any]:
+        yield code
+        for const in code.co_consts:
+            if hasattr(const, "co_names"):
+                yield from codes(const)
+
+    def visit(f: Any, left: int) -> bool:
+        f = getattr(f, "__func__", f)
+        code = getattr(f, "__code__", None)
+        if code is None or id(code) in seen:
+            return False
+        seen.add(id(code))
+        scope = getattr(f, "__globals__", {})
+        for c in codes(code):
+            if "init_rpc" in c.co_names:
+                return True
+            if left > 0 and any(visit(scope.get(n), left - 1) for n in c.co_names):
+                return True
+        return False
+
+    return visit(fn, depth)
+
+
 class _Spawn:
     """One spawn: the workers' cell is out; rank 0's part runs here; then the results."""
 
@@ -126,14 +184,15 @@ class _Spawn:
         self.failed_at = 0.0  # when (time.monotonic()) rank 0's failure happened
         self.thread: threading.Thread | None = None
         self.done = False
-        self.exec_id = cluster.send_cell(spawned.cell(fn, args), self.targets) \
+        self.generation = next(_GENERATIONS)
+        self.exec_id = cluster.send_cell(spawned.cell(fn, args, self.generation), self.targets) \
             if cluster is not None else None
 
     # -- rank 0 ---------------------------------------------------------------------------
     def run_here(self) -> None:
         """``fn(0, *args)`` on this thread; Ctrl-C interrupts every rank and is raised."""
         try:
-            spawned.call(self.fn, 0, self.args)
+            spawned.call(self.fn, 0, self.args, self.generation)
         except KeyboardInterrupt:
             if threading.current_thread() is threading.main_thread():
                 self._interrupt_workers()

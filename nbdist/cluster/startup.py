@@ -318,7 +318,7 @@ class Rank0:
 
     def _join_group_only(self, watch: StartWatch) -> None:
         """A world without RPC: the process group is all rank 0 joins (no RPC patches, no
-        RRef or address resets: nothing of torch RPC is touched).
+        RRef or address resets: nothing of torch RPC is touched); a bare world joins none.
 
         Gloo's rendezvous waits for the group's whole timeout, so rank 0 joins only once
         every worker is about to (each says so in the store first): a rank that never comes
@@ -331,6 +331,9 @@ class Rank0:
             from ..proc import store
 
             store.use(self.store)
+        if not self.backend:  # a bare world (``process_group="none"``): nothing to join
+            return
+        if self.store is not None:
             arrivals = self.store
         else:
             arrivals = dist.FileStore(arrival_file(self.world_dir, self.epoch),

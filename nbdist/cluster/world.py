@@ -493,4 +493,4 @@ def _without_rpc(why: str, backend: str | None) -> str:
     if not why:
         return ""
     cause = "--no-rpc" if why == no_rpc.FLAG else "this torch has no torch.distributed.rpc"
-    return f"; no RPC ({cause}), process group {backend}"
+    return f"; no RPC ({cause}), " + (f"process group {backend}" if backend else "no process group")

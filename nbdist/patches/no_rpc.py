@@ -17,7 +17,7 @@ from typing import Any
 from ..errors import NoRpcError
 from . import torch_private
 
-__all__ = ["BUILD", "FLAG", "active", "check", "enter", "leave"]
+__all__ = ["BUILD", "FLAG", "active", "agent_set", "check", "enter", "leave"]
 
 FLAG = ("this world was started with --no-rpc (no torch RPC agent); start it without "
         "--no-rpc to use RPC")
@@ -66,6 +66,17 @@ def leave() -> None:
 
         if api._is_current_rpc_agent_set is _is_current_rpc_agent_set:
             api._is_current_rpc_agent_set = original
+
+
+def agent_set() -> bool:
+    """torch's own answer: whether an RPC agent runs in this process (False without RPC)."""
+    if _State.torch is not None:
+        return bool(_State.torch())
+    if not torch_private.usable("no_rpc"):
+        return False
+    from torch.distributed.rpc import api
+
+    return bool(api._is_current_rpc_agent_set())
 
 
 def _is_current_rpc_agent_set() -> bool:

@@ -59,6 +59,8 @@ FEATURES = {
                      "after a failed init_process_group the next one may wait in vain",
     "no_rpc": "in a world without RPC (--no-rpc), torch's RPC calls say 'RPC has not been "
               "initialized' instead of naming --no-rpc",
+    "hidden_groups": "a function run by mp.spawn in a world with a process group sees the "
+                     "world's group as its default, and a group of its own may be refused",
 }
 
 
@@ -150,6 +152,19 @@ def _rref_symbols() -> Any:
     return rref_reset.available() or None
 
 
+def _keeps_rendezvous() -> Any:
+    """True where ``init_rpc`` keeps its rendezvous (and so its store) in a module global."""
+    from torch.distributed import rpc
+
+    return "global rendezvous_iterator" in inspect.getsource(rpc.init_rpc) or None
+
+
+def _barrier_symbol() -> Any:
+    from . import rpc_barrier
+
+    return rpc_barrier.available() or None
+
+
 def _tp_symbols() -> Any:
     from . import tp_address
 
@@ -160,6 +175,7 @@ _RPC = "torch.distributed.rpc"
 _API = "torch.distributed.rpc.api"
 _INTERNAL = "torch.distributed.rpc.internal"
 _C = "torch._C._distributed_rpc"
+_C10D = "torch.distributed.distributed_c10d"
 
 PRIVATES: tuple[Private, ...] = (
     # shipping: the RPC pickler swapped for a by-value one, code sent once per destination
@@ -187,12 +203,16 @@ PRIVATES: tuple[Private, ...] = (
     # restart: the per-process counters that make a second init_rpc hang
     Private("restart", _RPC, "_init_counter", _is(int)),
     Private("restart", _RPC, "_init_counter_lock", _lock),
+    Private("restart", _RPC, "rendezvous_iterator", lambda obj: obj is True,
+            lookup=_keeps_rendezvous),
     Private("restart", _API, "_all_gather_dict_lock", _lock),
     Private("restart", _API, "_all_gather_sequence_id", _is(dict)),
     Private("restart", _API, "_all_gather_sequence_id_to_states", _defaultdict),
     # C++ statics found in libtorch_cpu.so's symbol table
     Private("rref_reset", "libtorch_cpu.so", "RRefContext::getInstance()::context",
             lambda obj: obj is True, lookup=_rref_symbols),
+    Private("restart", "libtorch_cpu.so", "rpc::barrierId", lambda obj: obj is True,
+            lookup=_barrier_symbol),
     Private("tp_address", "libtorch_cpu.so", "TensorPipeAgent::guessAddress()::uvAddress",
             lambda obj: obj is not None, lookup=_tp_symbols),
     # tracing: torch's RPC entry points wrapped to time each call
@@ -223,6 +243,15 @@ PRIVATES: tuple[Private, ...] = (
     # ... and the per-process count that names a default group (a failed init leaves it up)
     Private("process_group", "torch.distributed.distributed_c10d", "_world.group_count",
             _is(int)),
+    # hidden_groups: torch's books on this process's groups, emptied while a spawned
+    # function runs and filled again after (patches.hidden_groups)
+    *(Private("hidden_groups", _C10D, f"_world.{book}", _is(dict))
+      for book in ("pg_names", "pg_group_ranks", "pg_backend_config", "pg_to_tag",
+                   "tags_to_pg", "pg_coalesce_state")),
+    Private("hidden_groups", _C10D, "_world.comms", _is(list)),
+    Private("hidden_groups", _C10D, "_update_default_pg", _arity(1)),
+    Private("hidden_groups", "torch._C._distributed_c10d", "_register_process_group"),
+    Private("hidden_groups", "torch._C._distributed_c10d", "_unregister_process_group"),
 )
 
 _lock_once = threading.Lock()

@@ -5,8 +5,14 @@ classes by value, their globals mirrored into each rank's own ``__main__``) into
 ``%%dist`` cell (``cell``); on the worker that cell calls ``run``, which takes the payload out
 of ``__main__`` again and calls ``fn(rank, *args)``. Rank 0 calls ``call`` directly.
 
+A spawned process starts with no process group and no RPC agent: ``call`` hides the rank's
+process groups from ``fn`` (``patches.hidden_groups``) and gives them back afterwards, and in
+a world without RPC it lets ``fn`` call ``init_rpc`` as a fresh process does (torch's
+per-process RPC counters start from 0 again).
+
 A spawned process ends when its function does, and so does everything it made. A rank of a
-world lives on, so ``call`` ends the default process group ``fn`` made and left behind
+world lives on, so ``call`` ends an RPC agent ``fn`` started and left (non-graceful, as an
+exit), and the default process group ``fn`` made and left behind
 (a torchrun-style function never calls ``destroy_process_group``; a failed one never got
 there), with ``destroy_process_group`` as the user would (nbdist's, in a world: the group is
 kept until freeing it cannot freeze the process, so a peer still waiting in a collective with
@@ -23,17 +29,22 @@ import sys
 import traceback
 from collections.abc import Callable
 
-from ..patches import mirror, shipping
+from ..patches import hidden_groups, mirror, no_rpc, rpc_barrier, rpc_hooks, rref_reset, shipping
 
 __all__ = ["PAYLOAD", "call", "cell", "run"]
 
 PAYLOAD = "__nbdist_spawn__"  # the name the payload has in a worker's __main__, briefly
+# The first of the numbers that name a spawned function's ``init_rpc`` keys (torch's
+# ``rpc_prefix_N``), one per spawn: torch keeps an ``init_method="tcp://..."`` store serving
+# in the process that hosted it (rank 0, the notebook) after ``rpc.shutdown()``, so the next
+# spawn's ranks may meet in that same store, and must not find the last one's keys there.
+RPC_KEYS = 1 << 20
 
 
-def cell(fn: Callable, args: tuple) -> str:
-    """The ``%%dist`` cell that runs ``fn(rank, *args)`` on each worker it is sent to; a
-    traceback shows only its second line."""
-    blob = base64.b64encode(shipping.dumps((fn, args))).decode("ascii")
+def cell(fn: Callable, args: tuple, generation: int = 0) -> str:
+    """The ``%%dist`` cell that runs ``fn(rank, *args)`` on each worker it is sent to, as
+    spawn number ``generation``; a traceback shows only its second line."""
+    blob = base64.b64encode(shipping.dumps((fn, args, generation))).decode("ascii")
     return (f"{PAYLOAD} = {blob!r}\n"
             f"__import__('nbdist.proc.spawned', fromlist=['run']).run()\n")
 
@@ -43,24 +54,58 @@ def run() -> None:
     import os
 
     blob = mirror.main_namespace().pop(PAYLOAD)
-    fn, args = pickle.loads(base64.b64decode(blob))
-    call(fn, int(os.environ["NBDIST_RANK"]), args)
+    fn, args, generation = pickle.loads(base64.b64decode(blob))
+    call(fn, int(os.environ["NBDIST_RANK"]), args, generation)
 
 
-def call(fn: Callable, index: int, args: tuple) -> None:
-    """``fn(index, *args)``; a process group it made is ended afterwards (see above).
-    ``sys.exit()`` or ``sys.exit(0)`` in ``fn`` is a success, as for a spawned process."""
+def call(fn: Callable, index: int, args: tuple, generation: int = 0) -> None:
+    """``fn(index, *args)`` in a process that looks freshly spawned, and what it made and
+    left is ended afterwards (see above); ``generation``: this spawn's number, the same on
+    every rank. ``sys.exit()`` or ``sys.exit(0)`` in ``fn`` is a success, as for a spawned
+    process."""
+    hidden = hidden_groups.hide()
+    own_rpc = no_rpc.active() is not None and not no_rpc.agent_set()
+    if own_rpc:  # fn may call init_rpc as a fresh process does (rendezvous keys: below)
+        rpc_hooks.reset_world_state(RPC_KEYS + generation)
+        rref_reset.reset_singleton()
+        rpc_barrier.restart()
     before = _default_group()
     try:
-        fn(index, *args)
-    except BaseException as exc:
-        if not isinstance(exc, SystemExit) or exc.code not in (None, 0):
-            if _default_group() not in (None, before):
-                traceback.clear_frames(exc.__traceback__)
-                _end_group()
-            raise
+        try:
+            fn(index, *args)
+        except BaseException as exc:
+            if not isinstance(exc, SystemExit) or exc.code not in (None, 0):
+                if _default_group() not in (None, before) or (own_rpc and no_rpc.agent_set()):
+                    traceback.clear_frames(exc.__traceback__)
+                _end_what_it_left(before, own_rpc)
+                raise
+        _end_what_it_left(before, own_rpc)
+    finally:
+        if hidden is not None and not hidden.restore():
+            print("nbdist: the spawned function left a default process group that could not "
+                  "be ended, so this rank's own group stays hidden", file=sys.stderr)
+
+
+def _end_what_it_left(before: object | None, own_rpc: bool) -> None:
     if _default_group() not in (None, before):
         _end_group()
+    if own_rpc:
+        if no_rpc.agent_set():
+            _end_rpc()
+        rpc_hooks.reset_world_state()  # its rendezvous store stops serving here, not later
+        rref_reset.reset_singleton()
+
+
+def _end_rpc() -> None:
+    """End the RPC agent the function started and left (no ``rpc.shutdown()``), without
+    waiting for its peers, as its process's exit would."""
+    import torch.distributed.rpc as rpc
+
+    try:
+        rpc.shutdown(graceful=False)
+    except Exception as exc:  # noqa: BLE001 - its peers may be gone; say so, go on
+        print(f"nbdist: could not end the RPC agent the spawned function left: {exc}",
+              file=sys.stderr)
 
 
 def _default_group() -> object | None:

@@ -338,8 +338,8 @@ def _rejoin(update: dict) -> None:
 
 
 def _join_group_only(cfg: dict) -> None:
-    """A world without RPC (``--no-rpc``): the process group is the world; RPC calls here
-    raise ``NoRpcError`` saying so."""
+    """A world without RPC (``--no-rpc``): the process group is the world (a bare world has
+    none); RPC calls here raise ``NoRpcError`` saying so."""
     import torch.distributed as dist
     import torch.distributed.rpc as rpc
 
@@ -351,7 +351,10 @@ def _join_group_only(cfg: dict) -> None:
 
         arrivals = store.RemoteStore(cfg["store"], cfg["authkey"], cfg["start_timeout"])
         store.use(arrivals)
-    else:
+    if not cfg.get("process_group"):  # a bare world: no group either, as a spawned process
+        _let_user_groups_in(cfg)
+        return
+    if not cfg.get("store"):
         arrivals = dist.FileStore(cfg["arrivals"], cfg["world_size"])
     arrivals.set(cfg["arrived"].format(rank=_rank), "1")  # rank 0 joins once all are here
     process_group.torch_init(cfg["process_group"], init_method=cfg["pg_init"], rank=_rank,
