@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from conftest import assert_follows_rules, run_checked
+from conftest import assert_follows_rules, assert_no_errors, run_checked, run_quick
 
 NOTEBOOKS = {
     "ddp_series": "14_ddp_series.ipynb",
@@ -21,6 +21,7 @@ NOTEBOOKS = {
     "zero": "18_zero_redundancy.ipynb",
     "join": "19_generic_join.ipynb",
     "device_mesh": "20_device_mesh.ipynb",
+    "dist_tuto": "21_dist_tuto.ipynb",
 }
 
 
@@ -130,3 +131,13 @@ def test_device_mesh_recipe(tmp_path):
                 f"({replicate}) (members, sum of ranks)") in text, text[-3000:]
         assert (f"{worker(rank)}rank {rank}: mesh shard group ({shard}), replicate group "
                 f"({replicate})") in text
+
+
+@pytest.mark.timeout(300)
+def test_dist_tuto_plain_processes(tmp_path):
+    # no world: the tutorial's own Process launcher, torch's own groups on port 29500
+    nb, text, _ = run_quick(NOTEBOOKS["dist_tuto"], cwd=tmp_path)
+    assert_no_errors(nb)
+    assert "all checks passed" in text and "Traceback" not in text, text[-3000:]
+    assert "nbdist: no world is running" in text
+    assert text.count("ring all-reduce") == 2 and "[0.0, 3.0, 6.0, 9.0]" in text, text[-3000:]
