@@ -59,22 +59,45 @@ def demo_basic(rank, world_size):
 RANK = "int(os.environ['RANK'])"
 
 
+MESH = """\
+import os, torch, torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+me = 3 - int(os.environ['RANK'])  # numbered the other way round from the world
+dist.init_process_group('gloo', init_method='tcp://localhost:29500', rank=me, world_size=4)
+pair = dist.new_group([0, 2])
+t = torch.tensor([float(me)])
+if me in (0, 2):
+    dist.all_reduce(t, group=pair)
+sub, subs = dist.new_subgroups(2)
+s = torch.tensor([float(me)])
+dist.all_reduce(s, group=sub)
+mesh = init_device_mesh('cpu', (2, 2), mesh_dim_names=('dp', 'tp'))
+m = torch.tensor([float(me)])
+dist.all_reduce(m, group=mesh.get_group('dp'))
+seen = (me, t.item(), s.item(), m.item(), mesh.get_local_rank('dp'))
+dist.destroy_process_group()
+del pair, sub, subs, mesh
+"""
+
+
 def _local(ipython, code: str) -> None:
     ipython.run_cell_magic("dist", "--local", code)
 
 
 @pytest.fixture(autouse=True, scope="module")
 def ddp_warm():
-    """One DDP demo in this process before the tests: DDP and Gloo open some handles once per
-    process (event fds, a pipe, a socket), which the leak guard must not count as a test's."""
+    """One DDP demo and one device mesh in this process before the tests: DDP, Gloo and the
+    mesh open some handles once per process (event fds, a pipe, a socket), which the leak
+    guard must not count as a test's."""
     from IPython.testing.globalipapp import get_ipython
 
     ip = get_ipython()
     ip.run_line_magic("load_ext", "nbdist")
-    ip.run_line_magic("dist_start", "1")
+    ip.run_line_magic("dist_start", "3")
     try:
         _local(ip, TUTORIAL)
-        _local(ip, f"demo_basic({RANK}, 2)")
+        _local(ip, f"demo_basic({RANK}, 4)")
+        _local(ip, MESH)
     finally:
         nbdist.stop()
     yield
@@ -252,3 +275,17 @@ def test_torchrun_environment_on_every_rank_through_restarts_and_back_after_stop
             c.restart(1, keep=True)
     c.stop()
     assert {k: os.environ.get(k) for k in ENV_KEYS} == saved  # absent ones removed again
+
+
+def test_new_group_subgroups_and_a_device_mesh_over_a_group_of_its_own_numbering(ipython):
+    ipython.run_line_magic("dist_start", "3")
+    c = nbdist.current()
+    _local(ipython, MESH)
+    seen = {0: ipython.user_ns["seen"]}
+    seen.update({r: eval(v) for r, v in c.run("seen", show=False).items()})  # noqa: S307
+    # me = 3 - rank; pair {0,2} sums to 2; subgroups {0,1} -> 1, {2,3} -> 5;
+    # mesh dp groups {0,2} -> 2 and {1,3} -> 4
+    expected = {3: (0, 2.0, 1.0, 2.0, 0), 2: (1, 1.0, 1.0, 4.0, 0),
+                1: (2, 2.0, 5.0, 2.0, 1), 0: (3, 3.0, 5.0, 4.0, 1)}
+    assert seen == expected
+    assert not dist.is_initialized()

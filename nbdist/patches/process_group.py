@@ -70,6 +70,9 @@ class _State:
     made = False  # the default group now is one user code made here
     excepthook: Any = None  # before the user's init (torch wraps it at every init)
     timeout = 0.0  # the last user group's timeout, seconds
+    # the stores of the user groups made in this world: torch keeps only their C++ half, whose
+    # methods are the Python object's (new_group, DeviceMesh call them long after the init)
+    stores: list[Any] = []
 
 
 def installed() -> bool:
@@ -95,6 +98,7 @@ def install() -> bool:
 
 def torch_init(*args: Any, **kwargs: Any) -> Any:
     """torch's own ``init_process_group`` (for the groups nbdist makes itself)."""
+    _name_first_group()
     if _State.torch_init is not None:
         return _State.torch_init(*args, **kwargs)
     import torch.distributed as dist
@@ -118,7 +122,7 @@ def detach() -> None:
     if close is not None:
         close()
     _State.member = _State.own_group = _State.base = None
-    _State.borrowed = False
+    _State.borrowed, _State.stores = False, []
 
 
 def _world_groups(group: Any) -> list[Any]:
@@ -192,10 +196,12 @@ def init_process_group(*args: Any, **kwargs: Any) -> None:
         _State.torch_init(**a)
     except BaseException as exc:
         meeting.leave()  # the next try meets the others under fresh keys
+        _name_first_group()
         if isinstance(exc, Exception):
             raise _explain(exc, member, rank, size, timeout) from exc
         raise
     _State.made = True
+    _State.stores.append(meeting.store)
     _State.excepthook, _State.timeout = hook, timeout.total_seconds()
     return None
 
@@ -231,8 +237,11 @@ def _end_world_group() -> None:
 
 def _name_first_group() -> None:
     """torch names a default group by a per-process count that only a destroy resets; one a
-    failed attempt left raised would give this rank other keys than its peers'."""
-    if torch_private.usable("process_group"):
+    failed attempt left raised would give this rank other keys than its peers' (the next
+    world's own group among them). Nothing is done while a default group is up."""
+    import torch.distributed as dist
+
+    if torch_private.usable("process_group") and not dist.is_initialized():
         from torch.distributed import distributed_c10d as c10d
 
         c10d._world.group_count = 0
