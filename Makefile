@@ -74,6 +74,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/output.py
 	$(BIN)/python bench/slurm.py
 	$(BIN)/python bench/ps_shm.py
+	$(BIN)/python bench/fail_fast.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check nbdist tests bench

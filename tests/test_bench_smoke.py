@@ -44,6 +44,7 @@ SCRIPTS = {
     "output.py": ["output.json", "output.md"],
     "slurm.py": ["slurm.json", "slurm.md"],
     "ps_shm.py": ["ps_shm.json", "ps_shm.md"],
+    "fail_fast.py": ["fail_fast.json", "fail_fast.md"],
 }
 #: Not run by the smoke test: the same code as another entry, one switch apart.
 SAME_AS = {"rpc.py --unpinned": "rpc.py"}

@@ -99,3 +99,37 @@ def test_a_rank_killed_mid_cell_interrupts_the_others_at_once(k):
     assert rep.status == "error" and took < 5, (took, shown)
     assert "rank 1 (worker1)" in shown and "SIGKILL" in shown, shown
     assert k.execute("%dist_stop").status == "ok"
+
+
+def test_plain_dist_shows_a_ranks_error_at_once_while_the_others_run_on(k):
+    assert k.execute("%dist_start 2").status == "ok"
+    seen: list[tuple[float, str]] = []
+    t0 = time.monotonic()
+
+    def on_message(msg):
+        if msg["msg_type"] == "stream":
+            seen.append((time.monotonic() - t0, msg["content"]["text"]))
+
+    status, _ = k.cell("%%dist\n" + SLEEP_UNLESS.format(
+        rank=2, action="raise ValueError('rank 2 gives up')", sleep=3), on_message=on_message)
+    took = time.monotonic() - t0
+    assert status == "error" and took >= 3
+    early = [t for t, text in seen if "rank 2 (worker2) failed: ValueError" in text]
+    assert early and early[0] < 2, seen  # shown while rank 1 still slept
+    assert k.execute("%dist_stop").status == "ok"
+
+
+def test_workers_waiting_in_a_rendezvous_are_released_when_rank_0_fails_first(k):
+    assert k.execute("%dist_start 2").status == "ok"
+    t0 = time.monotonic()
+    rep = k.execute("%%dist --local\nimport os, torch.distributed as dist\n"
+                    "if int(os.environ['RANK']) == 0:\n    raise ValueError('rank 0 gives up')\n"
+                    "dist.init_process_group('gloo')\n", timeout=90)
+    took, shown = time.monotonic() - t0, _shown(rep)
+    assert took < 5 and "rank 0 gives up" in shown, (took, shown)
+    # nothing is left behind: the whole world's group forms now, on every rank
+    rep = k.execute("%%dist --local\nimport torch, torch.distributed as dist\n"
+                    "dist.init_process_group('gloo')\nt = torch.ones(1)\ndist.all_reduce(t)\n"
+                    "dist.destroy_process_group()\nt.item()", timeout=60)
+    assert rep.status == "ok" and "[worker2] 3.0" in rep.stdout, _shown(rep)
+    assert k.execute("%dist_stop").status == "ok"

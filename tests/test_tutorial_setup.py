@@ -289,3 +289,21 @@ def test_new_group_subgroups_and_a_device_mesh_over_a_group_of_its_own_numbering
                 1: (2, 2.0, 5.0, 2.0, 1), 0: (3, 3.0, 5.0, 4.0, 1)}
     assert seen == expected
     assert not dist.is_initialized()
+
+
+def test_a_failed_attempt_takes_its_arrival_back_and_the_next_group_forms(ipython):
+    """Members count their arrivals at a rendezvous to agree on fresh keys: an attempt that
+    timed out takes its arrival back, or the next group's members would count apart."""
+    from datetime import timedelta
+
+    from nbdist.errors import DistTimeoutError
+
+    ipython.run_line_magic("dist_start", "1")
+    with pytest.raises(DistTimeoutError, match=r"rank 0 \(worker0\) waited 1s"):
+        dist.init_process_group("gloo", rank=0, world_size=2, timeout=timedelta(seconds=1))
+    assert not dist.is_initialized()
+    _local(ipython, "import os, torch, torch.distributed as dist\n"
+                    f"dist.init_process_group('gloo', rank={RANK}, world_size=2, "
+                    "timeout=__import__('datetime').timedelta(seconds=20))\n"
+                    "t = torch.ones(1)\ndist.all_reduce(t)\ndist.destroy_process_group()\n")
+    assert ipython.user_ns["t"].item() == 2.0

@@ -14,7 +14,7 @@ from .debug import DebugDesk
 from .hints import where_defined
 from .ranks import RankInfo
 from .rich import RichOutput
-from .router import StatusLine
+from .router import Router, StatusLine
 
 __all__ = ["Cells"]
 
@@ -164,10 +164,13 @@ class Cells:
         started = time.monotonic()
         status: StatusLine | None = None
         next_status = started + StatusLine.AFTER
+        announced: set[int] = set()
         with self.cv:
             while True:
                 pending = self._pending(exec_id, targets)
                 now = time.monotonic()
+                if pending and not partial:  # (partial: the others were interrupted)
+                    self._announce_failures(exec_id, announced)
                 if not pending:
                     if status is not None:
                         status.done(self._summary(exec_id, targets, started))
@@ -199,6 +202,15 @@ class Cells:
                         self.desk.serve()
                     finally:
                         self.cv.acquire()
+
+    def _announce_failures(self, exec_id: int, announced: set[int]) -> None:
+        """A rank's error shows the moment it arrives, while the others run on (its full
+        traceback comes with the cell's end)."""
+        for r, res in self._results.get(exec_id, {}).items():
+            if res.status == "error" and r not in announced:
+                announced.add(r)
+                Router.write("stderr", f"nbdist: {self.ranks[r].label()} failed: "
+                                       f"{res.error_type}: {res.error} (the others run on)\n")
 
     def _summary(self, exec_id: int, targets: list[int], started: float) -> str:
         done = self._finished.get(exec_id, {})

@@ -48,7 +48,7 @@ def run_with_local(cluster: Any, shell: Any, cell: str, targets: list[int],
     if watch is not None and watch.first is not None:
         watch.say_why()
     elif interrupted:  # rank 0 failed first
-        cluster.interrupt(cluster.cells.pending(exec_id, targets))
+        cluster.cells.interrupt(cluster.cells.pending(exec_id, targets))
     if not interrupted:
         wait = AFTER_LOCAL_FAILURE if failed_here and timeout is None else timeout
         try:
