@@ -24,6 +24,7 @@ from .errors import (
     StartError,
     WorkerDiedError,
 )
+from .patches import process_group as _process_group
 from .telemetry.events import events
 from .telemetry.records import clear_history, export_history, history, history_frame, log
 from .telemetry.tracing import rpc_stats
@@ -98,6 +99,7 @@ def load_ipython_extension(ipython: Any) -> None:
     ipython.events.register("pre_run_cell", _new_cell)
     _torch_first(ipython)
     _spawn.install()  # before the background import: it patches torch as torch is imported
+    _process_group.install_on_import()  # so is init_process_group, for names bound early
     _check_torch()
     SESSION.prewarm()  # last: its thread competes for the GIL
 
@@ -165,6 +167,7 @@ if _in_jupyter():  # ``import nbdist`` in a kernel: mp.spawn of a cell's functio
     from .cluster.session import SESSION as _SESSION  # and the first world starts warm
 
     _spawn.install()
+    _process_group.install_on_import()
     if _SESSION.prewarm(import_here=False):  # the template now; torch here once the cell
         from IPython import get_ipython as _get_ipython  # (`%load_ext` maybe) has ended
 

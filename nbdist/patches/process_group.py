@@ -36,10 +36,10 @@ from datetime import timedelta
 from typing import Any
 
 from ..envflag import switched_on
-from . import graveyard, rendezvous, torch_private
+from . import graveyard, on_import, rendezvous, torch_private
 
-__all__ = ["FLAG", "Membership", "attach", "destroy_own", "detach", "install", "installed",
-           "torch_init"]
+__all__ = ["FLAG", "Membership", "attach", "destroy_own", "detach", "install",
+           "install_on_import", "installed", "torch_init"]
 
 FLAG = "NBDIST_PATCH_PROCESS_GROUP"
 _PREFIX = "nbdist-user"
@@ -80,20 +80,33 @@ def installed() -> bool:
 
 
 def install() -> bool:
-    """Put nbdist's functions in ``torch.distributed`` (unless switched off); True if they are."""
-    if installed():
-        return True
+    """Put nbdist's functions in ``torch.distributed`` (unless switched off: then False, and a
+    world does not attach); True if they are in place."""
     if not switched_on(FLAG):
         return False
+    if installed():
+        return True
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
 
     _State.torch_init, _State.torch_destroy = c10d.init_process_group, c10d.destroy_process_group
     _State.signature = inspect.signature(_State.torch_init)
-    for module in (dist, c10d):
-        module.init_process_group = init_process_group
-        module.destroy_process_group = destroy_process_group
+    mine = {_State.torch_init: init_process_group, _State.torch_destroy: destroy_process_group}
+    # torch's modules that bound the names at their import (device_mesh's init_device_mesh)
+    for module in (dist, c10d, sys.modules.get("torch.distributed.device_mesh")):
+        for attr in ("init_process_group", "destroy_process_group"):
+            if module is not None and getattr(module, attr, None) in mine:
+                setattr(module, attr, mine[getattr(module, attr)])
     return True
+
+
+def install_on_import() -> None:
+    """``install`` as soon as torch's process-group module is imported (now, if it is): a name
+    bound from it before a world starts (``from torch.distributed import
+    init_process_group``, torch's own ``init_device_mesh``) is then nbdist's, and acts as
+    torch's until a world attaches."""
+    if switched_on(FLAG):
+        on_import.after_import("torch.distributed.distributed_c10d", lambda _module: install())
 
 
 def torch_init(*args: Any, **kwargs: Any) -> Any:

@@ -15,14 +15,13 @@ it off (read at every call): torch's own function runs.
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
 import sys
 import threading
 from collections.abc import Callable
 from typing import Any
 
 from ..envflag import switched_on
+from . import on_import
 
 __all__ = ["DECLINE", "ENV", "attach", "install", "installed", "original"]
 
@@ -44,7 +43,7 @@ Taker = Callable[[Callable, tuple, int, bool, bool, str], Any]
 class _State:
     taker: Taker | None = None
     original: Callable | None = None  # torch's start_processes
-    hook: Any = None  # the finder waiting for torch.multiprocessing
+    waiting = False  # install asked for the patch (now, or once torch.multiprocessing is)
     lock = threading.Lock()
 
 
@@ -67,13 +66,16 @@ def installed() -> bool:
 def install() -> None:
     """Patch now if ``torch.multiprocessing`` is imported, else right after it is (idempotent)."""
     with _State.lock:
-        if _State.original is not None:
+        if _State.original is not None or _State.waiting:
             return
-        if _PACKAGE in sys.modules and _MODULE in sys.modules:
+        _State.waiting = True
+    on_import.after_import(_PACKAGE, _patch_package)
+
+
+def _patch_package(package: Any) -> None:
+    with _State.lock:
+        if _MODULE in sys.modules:
             _patch()
-        elif _State.hook is None:
-            _State.hook = _AfterImport()
-            sys.meta_path.insert(0, _State.hook)
 
 
 def start_processes(fn: Callable, args: tuple = (), nprocs: int = 1, join: bool = True,
@@ -99,31 +101,3 @@ def _patch() -> None:
     module.start_processes = start_processes
     if getattr(package, "start_processes", None) is orig:
         package.start_processes = start_processes
-
-
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Finds ``torch.multiprocessing`` as the other finders do, and patches it once it ran."""
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname != _PACKAGE:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return None
-        run = spec.loader.exec_module
-
-        def exec_module(module: Any) -> None:
-            run(module)
-            with _State.lock:
-                _remove_hook()
-                if _MODULE in sys.modules:
-                    _patch()
-
-        spec.loader.exec_module = exec_module  # this spec's own loader object
-        return spec
-
-
-def _remove_hook() -> None:
-    hook, _State.hook = _State.hook, None
-    if hook is not None and hook in sys.meta_path:
-        sys.meta_path.remove(hook)
