@@ -154,7 +154,8 @@ def summed(rank, world_size):
 
 def test_a_spawned_function_joins_a_group_of_the_world_demo_after_demo(k):
     """The tutorial's setup() in a spawned function: init_process_group meets in the world
-    (no port 12355), twice in a row; in a world that has a group, it is taken, not 'twice'."""
+    (no port 12355), twice in a row; in a world that has a group, it is taken, not 'twice', and
+    the demo's destroy ends it as in a script."""
     world(k, 2)
     ok(k, GROUP_DEMO)
     for _ in range(2):
@@ -165,7 +166,10 @@ def test_a_spawned_function_joins_a_group_of_the_world_demo_after_demo(k):
     ok(k, "%dist_stop\n%dist_start 2 --process-group gloo")
     rep = ok(k, "mp.spawn(summed, args=(3,), nprocs=3)")
     assert "[worker1] rank 1 of 3: sum 6" in rep.stdout and "twice" not in rep.stdout + rep.stderr
-    assert k.value("dist.is_initialized()") is True  # the world's own group stays
+    # the demo's destroy_process_group() ended the world's group it took, as in a script
+    assert k.value("dist.is_initialized()") is False
+    rep = ok(k, "mp.spawn(summed, args=(3,), nprocs=3)")  # and the next demo makes its own
+    assert "[worker2] rank 2 of 3: sum 6" in rep.stdout
 
 
 def test_an_exception_on_process_0_names_process_0(k):

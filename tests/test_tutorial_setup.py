@@ -2,8 +2,10 @@
 in a world. Real worlds (this process is rank 0, as a notebook is), real Gloo groups.
 
 ``init_process_group`` with ``env://``, ``tcp://`` or ``file://`` joins the world's private
-rendezvous (no port, no file); a world's own group is taken rather than refused "twice"; a
-rank or size the world cannot match is refused naming both; demo after demo works;
+rendezvous (no port, no file); everything else is as in a script (issue 33): a world's own
+group is lent to a call that asks for it and ended by the user's destroy; a subset of the
+world numbered from 0 meets at its own rendezvous; only what torch refuses is refused (and a
+group larger than the world); demo after demo works;
 ``RANK``/``WORLD_SIZE``/... are set on every rank and the notebook gets its own back at stop.
 The destroy-then-free stress in a real kernel is in ``test_tutorial_freeze.py``.
 """
@@ -57,22 +59,45 @@ def demo_basic(rank, world_size):
 RANK = "int(os.environ['RANK'])"
 
 
+MESH = """\
+import os, torch, torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+me = 3 - int(os.environ['RANK'])  # numbered the other way round from the world
+dist.init_process_group('gloo', init_method='tcp://localhost:29500', rank=me, world_size=4)
+pair = dist.new_group([0, 2])
+t = torch.tensor([float(me)])
+if me in (0, 2):
+    dist.all_reduce(t, group=pair)
+sub, subs = dist.new_subgroups(2)
+s = torch.tensor([float(me)])
+dist.all_reduce(s, group=sub)
+mesh = init_device_mesh('cpu', (2, 2), mesh_dim_names=('dp', 'tp'))
+m = torch.tensor([float(me)])
+dist.all_reduce(m, group=mesh.get_group('dp'))
+seen = (me, t.item(), s.item(), m.item(), mesh.get_local_rank('dp'))
+dist.destroy_process_group()
+del pair, sub, subs, mesh
+"""
+
+
 def _local(ipython, code: str) -> None:
     ipython.run_cell_magic("dist", "--local", code)
 
 
 @pytest.fixture(autouse=True, scope="module")
 def ddp_warm():
-    """One DDP demo in this process before the tests: DDP and Gloo open some handles once per
-    process (event fds, a pipe, a socket), which the leak guard must not count as a test's."""
+    """One DDP demo and one device mesh in this process before the tests: DDP, Gloo and the
+    mesh open some handles once per process (event fds, a pipe, a socket), which the leak
+    guard must not count as a test's."""
     from IPython.testing.globalipapp import get_ipython
 
     ip = get_ipython()
     ip.run_line_magic("load_ext", "nbdist")
-    ip.run_line_magic("dist_start", "1")
+    ip.run_line_magic("dist_start", "3")
     try:
         _local(ip, TUTORIAL)
-        _local(ip, f"demo_basic({RANK}, 2)")
+        _local(ip, f"demo_basic({RANK}, 4)")
+        _local(ip, MESH)
     finally:
         nbdist.stop()
     yield
@@ -138,40 +163,89 @@ def test_a_function_run_on_every_rank_over_rpc_joins_a_group(ipython):
 
 
 @pytest.mark.parametrize("flags", ["--process-group gloo", "--no-rpc"])
-def test_a_world_with_its_own_group_takes_the_call_and_keeps_its_group(ipython, capsys,
-                                                                       flags):
+def test_a_world_with_its_own_group_lends_it_and_the_users_destroy_ends_it(ipython, capsys,
+                                                                          flags):
     ipython.run_line_magic("dist_start", f"1 {flags}")
-    world_group = dist.group.WORLD
-    _local(ipython, TUTORIAL)
-    _local(ipython, f"w = demo_basic({RANK}, 2)")  # init is accepted, not refused "twice"
-    assert "uses this world's own process group" in capsys.readouterr().err
-    assert dist.is_initialized() and dist.group.WORLD is world_group  # cleanup() left it
-    _local(ipython, "t = torch.ones(1)\ndist.all_reduce(t)\nt.item()")
+    c = nbdist.current()
+    _local(ipython, "import torch, torch.distributed as dist\n"
+                    "t = torch.ones(1)\ndist.all_reduce(t)\nt.item()")  # the world's group
     assert "[worker1] 2.0" in capsys.readouterr().out
-    with pytest.raises(ValueError, match="already has a default process group of 2 ranks"):
-        dist.init_process_group("gloo", world_size=1)  # no other default group fits here
-    with pytest.raises(ValueError, match="'nccl'.* default process group is gloo"):
-        dist.init_process_group("nccl")
-    assert dist.group.WORLD is world_group
+    _local(ipython, TUTORIAL)
+    _local(ipython, f"w = demo_basic({RANK}, 2)")  # torchrun-style init takes the world's group
+    assert "takes this world's own process group" in capsys.readouterr().err
+    # cleanup() ended it, as in a script: no default group on any rank
+    assert not dist.is_initialized()
+    with pytest.raises(ValueError, match="has not been initialized"):
+        dist.get_rank()
+    assert c.run("dist.is_initialized()", show=False) == {1: "False"}
+    for _ in range(2):  # the tutorial's loop goes on, with groups of its own
+        _local(ipython, f"w = demo_basic({RANK}, 2)")
+        assert c.run("w", show=False)[1] == repr(ipython.user_ns["w"])
+    dist.init_process_group("gloo", rank=0, world_size=1)  # another size: the notebook alone
+    t = torch.ones(2)
+    dist.all_reduce(t)
+    assert (dist.get_world_size(), t.tolist()) == (1, [1.0, 1.0])
+    with pytest.raises(ValueError, match="twice"):  # torch's own error, as in a script
+        dist.init_process_group("gloo", rank=0, world_size=1)
+    dist.destroy_process_group()
+    with pytest.raises(AssertionError):  # torch's, for a destroy with nothing to destroy
+        dist.destroy_process_group()
 
 
-def test_a_rank_or_size_the_world_cannot_match_is_refused_naming_both(ipython):
+def test_another_group_ends_the_worlds_own_on_its_members_only(ipython, capsys):
+    ipython.run_line_magic("dist_start", "2 --process-group gloo")
+    c = nbdist.current()
+    world_group = dist.group.WORLD
+    # ranks 0 and 1 form a group of 2 numbered the other way round, as a script's two
+    # processes could; rank 2 keeps the world's group
+    ipython.run_cell_magic("dist", "--local --ranks 1", "import torch.distributed as dist\n"
+                           "dist.init_process_group('gloo', rank=1 - dist.get_rank(), "
+                           "world_size=2)\nr = dist.get_rank()")
+    assert dist.is_initialized() and dist.group.WORLD is not world_group
+    assert (dist.get_rank(), dist.get_world_size()) == (1, 2)
+    assert c.run("(r, dist.get_world_size())", ranks=[1], show=False) == {1: "(0, 2)"}
+    assert c.run("import torch.distributed as dist\n(dist.get_rank(), dist.get_world_size())",
+                 ranks=[2], show=False) == {
+        2: "(2, 3)"}
+    ipython.run_cell_magic("dist", "--local --ranks 1", "dist.destroy_process_group()")
+    assert not dist.is_initialized()
+
+
+def test_a_subset_of_the_world_numbered_from_0_meets_at_its_own_rendezvous(ipython):
+    """pytorch/examples distributed/rpc/ddp_rpc: two trainers of four RPC ranks form a Gloo
+    group of their own with ``init_method="tcp://localhost:29500"``."""
+    ipython.run_line_magic("dist_start", "3")
+    c = nbdist.current()
+    pids = [os.getpid(), *c.worker_pids()]
+    code = ("import torch, torch.distributed as dist\n"
+            "dist.init_process_group('gloo', init_method='tcp://localhost:29500', "
+            "rank=dist_rank - 2, world_size=2)\n"
+            "t = torch.tensor([float(dist.get_rank() + 1)])\ndist.all_reduce(t)\n"
+            "(dist.get_rank(), dist.get_world_size(), t.item())")
+    for _ in range(2):  # and again, under fresh keys
+        out = c.run(code.replace("dist_rank", "int(__import__('os').environ['RANK'])"),
+                    ranks=[2, 3], show=False)
+        assert out == {2: "(0, 2, 3.0)", 3: "(1, 2, 3.0)"}
+        assert all(port != 29500 for _, _, port in listening(pids))
+        c.run("dist.destroy_process_group()", ranks=[2, 3], show=False)
+    assert not dist.is_initialized()
+
+
+def test_only_what_torch_refuses_is_refused(ipython):
     ipython.run_line_magic("dist_start", "1")
     c = nbdist.current()
     with pytest.raises(ValueError, match=r"world_size=5\).*of this nbdist world of 2"):
-        dist.init_process_group("gloo", rank=0, world_size=5)
-    with pytest.raises(ValueError, match=r"rank=1\).*rank 0 \(worker0\).*must be 0"):
-        dist.init_process_group("gloo", rank=1, world_size=2)
-    with pytest.raises(DistCellError, match="rank 1 is not in a group of 1"):
+        dist.init_process_group("gloo", rank=0, world_size=5)  # could never meet
+    with pytest.raises(DistCellError, match="rank < size"):  # gloo's own refusal
         c.run("import torch.distributed as dist\n"
               "dist.init_process_group('gloo', rank=1, world_size=1)", show=False)
     assert not dist.is_initialized()
-    # a group of the first ranks only is fine: here, the notebook alone
-    dist.init_process_group("gloo", rank=0, world_size=1)
+    dist.init_process_group("gloo", rank=0, world_size=1)  # a group of one: fine
     t = torch.ones(2)
     dist.all_reduce(t)
     dist.destroy_process_group()
     assert t.tolist() == [1.0, 1.0]
+    assert c.run("dist.is_initialized()", show=False) == {1: "False"}
 
 
 ENV_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
@@ -201,3 +275,17 @@ def test_torchrun_environment_on_every_rank_through_restarts_and_back_after_stop
             c.restart(1, keep=True)
     c.stop()
     assert {k: os.environ.get(k) for k in ENV_KEYS} == saved  # absent ones removed again
+
+
+def test_new_group_subgroups_and_a_device_mesh_over_a_group_of_its_own_numbering(ipython):
+    ipython.run_line_magic("dist_start", "3")
+    c = nbdist.current()
+    _local(ipython, MESH)
+    seen = {0: ipython.user_ns["seen"]}
+    seen.update({r: eval(v) for r, v in c.run("seen", show=False).items()})  # noqa: S307
+    # me = 3 - rank; pair {0,2} sums to 2; subgroups {0,1} -> 1, {2,3} -> 5;
+    # mesh dp groups {0,2} -> 2 and {1,3} -> 4
+    expected = {3: (0, 2.0, 1.0, 2.0, 0), 2: (1, 1.0, 1.0, 4.0, 0),
+                1: (2, 2.0, 5.0, 2.0, 1), 0: (3, 3.0, 5.0, 4.0, 1)}
+    assert seen == expected
+    assert not dist.is_initialized()

@@ -5,14 +5,18 @@ The tutorials' ``setup()`` sets ``MASTER_ADDR``/``MASTER_PORT`` and calls
 fixed port (two notebooks collide, and it listens on every interface). Inside a world
 (``attach`` .. ``detach``) the call joins a group through the world's own private store
 instead, whatever ``init_method`` says (``env://``, ``tcp://``, ``file://``): no port is
-opened, and one line on rank 0 says so, once per world. Each group gets fresh keys: a
-generation per group size that every member advances in step (members of a group of ``n``
-are always ranks 0..n-1, so their counts agree).
+opened, and one line on rank 0 says so, once per world. Otherwise the calls behave as in a
+script (torch's own errors included):
 
-- Where the world made the default group itself (``--process-group``, ``--no-rpc``), a
-  matching call uses it instead of failing "twice"; the user's ``destroy_process_group()``
-  then leaves it be.
-- A rank or size this world cannot match raises ``ValueError`` naming both.
+- Members that name the same rendezvous and size meet, whatever their world ranks; each
+  group gets fresh keys (``rendezvous``).
+- Where the world made the default group itself (``--process-group``, ``--no-rpc``), a call
+  asking for exactly that group (same rank, size and backend) takes it, as torchrun-style
+  code expects; any other call ends it on this rank first, as if it had never been. The
+  user's ``destroy_process_group()`` ends the default group whoever made it: afterwards
+  ``is_initialized()`` is False and a later call makes any group.
+- A group larger than the world raises ``ValueError`` at once (its members could never all
+  come).
 - ``destroy_process_group`` keeps each destroyed group alive (``graveyard``), so no later free
   of a model that still holds it can freeze the process.
 - A user group waits at most the world's timeout (``--rpc-timeout``) unless the call gives
@@ -32,7 +36,7 @@ from datetime import timedelta
 from typing import Any
 
 from ..envflag import switched_on
-from . import graveyard, torch_private
+from . import graveyard, rendezvous, torch_private
 
 __all__ = ["FLAG", "Membership", "attach", "destroy_own", "detach", "install", "installed",
            "torch_init"]
@@ -60,14 +64,15 @@ class _State:
     signature: inspect.Signature | None = None
     member: Membership | None = None
     base: Any = None  # the world's store, made on first use
-    generations: dict[int, int] = {}  # group size -> groups of that size made in this world
     said = False  # the one line about ports was printed in this world
     own_group: Any = None  # the default group the world made (None: none)
     borrowed = False  # the user's init took the world's own group
     made = False  # the default group now is one user code made here
     excepthook: Any = None  # before the user's init (torch wraps it at every init)
     timeout = 0.0  # the last user group's timeout, seconds
-    recorded: Any = None  # the store class that remembers a rank's keys (made once)
+    # the stores of the user groups made in this world: torch keeps only their C++ half, whose
+    # methods are the Python object's (new_group, DeviceMesh call them long after the init)
+    stores: list[Any] = []
 
 
 def installed() -> bool:
@@ -102,9 +107,9 @@ def torch_init(*args: Any, **kwargs: Any) -> Any:
 
 def attach(member: Membership, own_group: Any = None) -> None:
     """This process is now ``member`` of a world; ``own_group``: the default group the world
-    made (or None). Each world starts its own generations."""
+    made (or None)."""
     _State.member, _State.own_group = member, own_group
-    _State.base, _State.generations, _State.said, _State.borrowed = None, {}, False, False
+    _State.base, _State.said, _State.borrowed = None, False, False
 
 
 def detach() -> None:
@@ -116,7 +121,7 @@ def detach() -> None:
     if close is not None:
         close()
     _State.member = _State.own_group = _State.base = None
-    _State.borrowed = False
+    _State.borrowed, _State.stores = False, []
 
 
 def _world_groups(group: Any) -> list[Any]:
@@ -168,48 +173,64 @@ def init_process_group(*args: Any, **kwargs: Any) -> None:
         return _State.torch_init(**a)
     size = member.world_size if a["world_size"] in (None, -1) else int(a["world_size"])
     rank = member.rank if a["rank"] in (None, -1) else int(a["rank"])
-    _check(member, rank, size)
-    if dist.is_initialized() and _State.own_group is not None \
-            and dist.group.WORLD is _State.own_group:
-        _borrow(member, a["backend"], size)
-        return None
+    _check(member, size)
+    if _world_group_is_default():
+        if _matches(member, a["backend"], rank, size):
+            _borrow(member)
+            return None
+        _end_world_group()  # a script has no group before its own: this rank's world group goes
     if dist.is_initialized():  # the user's own group, still up: torch's "twice" error
         return _State.torch_init(**a)
     graveyard.release()
-    gen = _State.generations.get(size, 0) + 1
     if _State.base is None:
         _State.base = member.store()
-    store = _Recorded(dist.PrefixStore(f"{_PREFIX}/{size}/{gen}/", _State.base))
     timeout = a["timeout"] or timedelta(seconds=member.timeout)
+    meeting = rendezvous.Meeting(_State.base, _PREFIX, rendezvous.name(a["init_method"]),
+                                 size, timeout.total_seconds())
     _say_once(member, a["init_method"])
     hook = sys.excepthook
     _name_first_group()
-    a.update(init_method=None, store=store, rank=rank, world_size=size, timeout=timeout)
+    a.update(init_method=None, store=meeting.store, rank=rank, world_size=size, timeout=timeout)
     try:
         _State.torch_init(**a)
-    except Exception as exc:
-        store.forget()  # the next try meets the others under the same generation
-        raise _explain(exc, member, rank, size, timeout) from exc
-    _State.generations[size] = gen
+    except BaseException as exc:
+        meeting.leave()  # the next try meets the others under fresh keys
+        if isinstance(exc, Exception):
+            raise _explain(exc, member, rank, size, timeout) from exc
+        raise
     _State.made = True
+    _State.stores.append(meeting.store)
     _State.excepthook, _State.timeout = hook, timeout.total_seconds()
     return None
 
 
 def destroy_process_group(group: Any = None) -> None:
-    """torch's ``destroy_process_group``; the groups it ends are freed only once that is safe;
-    the world's own group is left to the world."""
+    """torch's ``destroy_process_group``; the groups it ends are freed only once that is safe.
+    The world's own group, while it is the default, is ended on this rank like any other."""
     import torch.distributed as dist
 
-    if _State.member is None and _State.torch_destroy is not None and not dist.is_initialized():
-        return _State.torch_destroy(group)
-    if (group is None or group is dist.group.WORLD) and _State.own_group is not None \
-            and dist.group.WORLD is _State.own_group:
-        _State.borrowed = False  # the user's part ends; the world's group stays
+    if not dist.is_initialized() and _State.torch_destroy is not None:
+        return _State.torch_destroy(group)  # torch's own error
+    if (group is None or group is dist.group.WORLD) and _world_group_is_default():
+        _end_world_group()
         return None
     graveyard.release()
     destroy_own(group)
     return None
+
+
+def _world_group_is_default() -> bool:
+    import torch.distributed as dist
+
+    return _State.own_group is not None and dist.is_initialized() \
+        and dist.group.WORLD is _State.own_group
+
+
+def _end_world_group() -> None:
+    """This rank's part of the world's own group ends (kept alive underneath, graveyard):
+    from here on the rank has no default group, as a script's process before its first."""
+    _State.own_group, _State.borrowed = None, False
+    destroy_own()
 
 
 def _name_first_group() -> None:
@@ -221,98 +242,32 @@ def _name_first_group() -> None:
         c10d._world.group_count = 0
 
 
-def _recorded_store_class() -> type:
-    import torch.distributed as dist
-
-    class Recorded(dist.Store):
-        """A group's store that remembers the keys this rank wrote, so a failed attempt can
-        take them back: a rank that comes later must not read a dead listener's address."""
-
-        def __init__(self, inner: Any) -> None:
-            super().__init__()
-            self.inner, self.written = inner, set()
-
-        def set(self, key: str, value: Any) -> None:
-            self.written.add(key)
-            self.inner.set(key, value)
-
-        def add(self, key: str, amount: int) -> int:
-            self.written.add(key)
-            return self.inner.add(key, amount)
-
-        def compare_set(self, key: str, expected: Any, desired: Any) -> Any:
-            self.written.add(key)
-            return self.inner.compare_set(key, expected, desired)
-
-        def get(self, key: str) -> Any:
-            return self.inner.get(key)
-
-        def wait(self, keys: list[str], *timeout: Any) -> None:
-            self.inner.wait(keys, *timeout)
-
-        def check(self, keys: list[str]) -> bool:
-            return self.inner.check(keys)
-
-        def num_keys(self) -> int:
-            return self.inner.num_keys()
-
-        def delete_key(self, key: str) -> bool:
-            self.written.discard(key)
-            return self.inner.delete_key(key)
-
-        def set_timeout(self, timeout: timedelta) -> None:
-            self.inner.set_timeout(timeout)
-
-        def forget(self) -> None:
-            for key in list(self.written):
-                try:
-                    self.inner.delete_key(key)
-                except Exception:  # noqa: BLE001 - the store went with the world
-                    pass
-            self.written.clear()
-
-    return Recorded
-
-
-def _Recorded(inner: Any) -> Any:  # noqa: N802 - makes the class on first use (torch import)
-    if _State.recorded is None:
-        _State.recorded = _recorded_store_class()
-    return _State.recorded(inner)
-
-
-def _check(member: Membership, rank: int, size: int) -> None:
-    """ValueError, naming both, for a rank or size this world cannot give this process."""
-    here = f"rank {member.rank} ({member.name}) of this nbdist world of {member.world_size}"
-    if rank != member.rank:
-        raise ValueError(f"init_process_group(rank={rank}) was called on {here}: each process "
-                         f"of the world is one rank, so here rank must be {member.rank} "
-                         "(leave it out, or pass int(os.environ['RANK']))")
+def _check(member: Membership, size: int) -> None:
+    """ValueError for a group larger than the world: its members could never all come (torch
+    would wait for them until the group's timeout)."""
     if size > member.world_size:
-        raise ValueError(f"init_process_group(world_size={size}) was called on {here}: a group "
-                         f"of {size} needs {size} ranks; `%dist_restart {size - 1} --keep` "
-                         f"makes a world of {size} (the notebook and {size - 1} workers)")
-    if size < 1 or rank >= size:
-        raise ValueError(f"init_process_group(rank={rank}, world_size={size}) was called on "
-                         f"{here}: rank {rank} is not in a group of {size}; call it on ranks "
-                         f"0..{size - 1} only")
+        raise ValueError(f"init_process_group(world_size={size}) was called on rank "
+                         f"{member.rank} ({member.name}) of this nbdist world of "
+                         f"{member.world_size}: a group of {size} needs {size} processes; "
+                         f"`%dist_restart {size - 1} --keep` makes a world of {size} (the "
+                         f"notebook and {size - 1} workers)")
 
 
-def _borrow(member: Membership, backend: Any, size: int) -> None:
-    """The world already made the default group: a matching call uses it."""
+def _matches(member: Membership, backend: Any, rank: int, size: int) -> bool:
+    """Whether an ``init_process_group`` asks for exactly the group the world made."""
     wanted = str(backend).lower() if backend is not None else None
-    if size != member.world_size:
-        raise ValueError(f"init_process_group(world_size={size}) on rank {member.rank}: this "
-                         f"world already has a default process group of {member.world_size} "
-                         f"ranks ({member.why}); use it as it is (leave world_size out), or "
-                         "restart the world without it to make groups of other sizes")
-    if wanted is not None and member.backend is not None and member.backend not in wanted:
-        raise ValueError(f"init_process_group({wanted!r}) on rank {member.rank}: this world's "
-                         f"default process group is {member.backend} ({member.why}); ask for "
-                         f"{member.backend!r}, or `%dist_restart --process-group {wanted}`")
+    return rank == member.rank and size == member.world_size and (
+        wanted is None or member.backend is None or member.backend in wanted)
+
+
+def _borrow(member: Membership) -> None:
+    """The world already made the default group this call asks for: it is taken as the
+    user's (their ``destroy_process_group`` ends it on this rank)."""
     if not _State.borrowed and member.rank == 0 and not _State.said:
         _State.said = True
-        print(f"nbdist: init_process_group uses this world's own process group "
-              f"({member.why}); destroy_process_group() leaves it be", file=sys.stderr)
+        print(f"nbdist: init_process_group takes this world's own process group "
+              f"({member.why}) as it is: same ranks, same backend, no port opened",
+              file=sys.stderr)
     _State.borrowed = True
 
 
@@ -322,7 +277,7 @@ def _say_once(member: Membership, init_method: Any) -> None:
     _State.said = True
     how = f"init_method={init_method!r}" if init_method else "env://"
     print(f"nbdist: init_process_group joins this world's private rendezvous instead of "
-          f"{how}: no port is opened, MASTER_ADDR/MASTER_PORT are not used", file=sys.stderr)
+          f"{how}: no port is opened (an address names the rendezvous only)", file=sys.stderr)
 
 
 def _explain(exc: Exception, member: Membership, rank: int, size: int,

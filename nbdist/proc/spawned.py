@@ -50,22 +50,25 @@ def run() -> None:
 def call(fn: Callable, index: int, args: tuple) -> None:
     """``fn(index, *args)``; a process group it made is ended afterwards (see above).
     ``sys.exit()`` or ``sys.exit(0)`` in ``fn`` is a success, as for a spawned process."""
-    had_group = _has_group()
+    before = _default_group()
     try:
         fn(index, *args)
     except BaseException as exc:
         if not isinstance(exc, SystemExit) or exc.code not in (None, 0):
-            if not had_group and _has_group():
+            if _default_group() not in (None, before):
                 traceback.clear_frames(exc.__traceback__)
                 _end_group()
             raise
-    if not had_group and _has_group():
+    if _default_group() not in (None, before):
         _end_group()
 
 
-def _has_group() -> bool:
+def _default_group() -> object | None:
+    """The default process group now (None: none)."""
     dist = sys.modules.get("torch.distributed")
-    return dist is not None and dist.is_available() and dist.is_initialized()
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return None
+    return dist.group.WORLD
 
 
 def _end_group() -> None:

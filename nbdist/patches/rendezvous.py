@@ -1,0 +1,158 @@
+"""Where the members of one user process group meet in a world's private store.
+
+Members meet as torch's do: those that name the same rendezvous (``name``: the
+``init_method``'s address, or ``MASTER_ADDR:MASTER_PORT`` for ``env://``) and the same size
+form a group, whatever their world ranks. Each group gets fresh keys: the members count their
+arrivals at that rendezvous in the store, so the k-th ``size`` arrivals are generation k, and a
+member whose attempt failed or was interrupted takes its arrival (and its keys) back
+(``Meeting.leave``).
+
+A member waits for the others in short slices, so Ctrl-C (or ``abandon``, from another
+thread) ends the wait at once, and a wait that runs out raises ``DistStoreError`` naming the
+keys it waited for.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from datetime import timedelta
+from typing import Any
+from urllib.parse import urlsplit
+
+__all__ = ["Meeting", "abandon", "abandoned", "name", "resume"]
+
+SLICE = 0.01  # seconds between two looks at the store while waiting
+
+
+class _Abandon:
+    lock = threading.Lock()
+    reason: str | None = None  # why waits in this process give up now (None: they go on)
+
+
+def abandon(reason: str) -> None:
+    """Make every rendezvous wait in this process give up now, saying ``reason``."""
+    with _Abandon.lock:
+        _Abandon.reason = reason
+
+
+def resume() -> None:
+    """Rendezvous waits wait again (a new cell began)."""
+    with _Abandon.lock:
+        _Abandon.reason = None
+
+
+def abandoned() -> str | None:
+    """Why waits give up now, or None."""
+    return _Abandon.reason
+
+
+def name(init_method: str | None) -> str:
+    """The rendezvous an ``init_method`` names: its address, without query."""
+    if init_method and not init_method.startswith("env://"):
+        parts = urlsplit(init_method)
+        return f"{parts.scheme}://{parts.netloc}{parts.path}"
+    return f"env://{os.environ.get('MASTER_ADDR', '')}:{os.environ.get('MASTER_PORT', '')}"
+
+
+class Meeting:
+    """One member's attempt to meet the others of a group at a rendezvous; ``store`` is what
+    ``init_process_group`` takes."""
+
+    def __init__(self, base: Any, prefix: str, rendezvous: str, size: int,
+                 timeout: float) -> None:
+        import torch.distributed as dist
+
+        self.base = base
+        self.arrivals = f"{prefix}/{rendezvous}/{size}/arrivals"
+        arrived = base.add(self.arrivals, 1)
+        self.generation = (arrived - 1) // size + 1
+        keys = dist.PrefixStore(f"{prefix}/{rendezvous}/{size}/{self.generation}/", base)
+        self.store = _recorded(keys, timeout)
+
+    def leave(self) -> None:
+        """Take this member's arrival and keys back (its attempt failed)."""
+        self.store.forget()
+        try:
+            self.base.add(self.arrivals, -1)
+        except Exception:  # noqa: BLE001 - the store went with the world
+            pass
+
+
+_CLASS: list[type] = []
+
+
+def _recorded(inner: Any, timeout: float) -> Any:
+    if not _CLASS:
+        _CLASS.append(_recorded_store_class())
+    return _CLASS[0](inner, timeout)
+
+
+def _recorded_store_class() -> type:
+    import torch.distributed as dist
+
+    class Recorded(dist.Store):
+        """A group's store that waits in slices and remembers the keys this rank wrote, so a
+        failed attempt can take them back: a rank that comes later must not read a dead
+        listener's address."""
+
+        def __init__(self, inner: Any, timeout: float) -> None:
+            super().__init__()
+            self.inner, self.written, self.seconds = inner, set(), timeout
+
+        def set(self, key: str, value: Any) -> None:
+            self.written.add(key)
+            self.inner.set(key, value)
+
+        def add(self, key: str, amount: int) -> int:
+            self.written.add(key)
+            return self.inner.add(key, amount)
+
+        def compare_set(self, key: str, expected: Any, desired: Any) -> Any:
+            self.written.add(key)
+            return self.inner.compare_set(key, expected, desired)
+
+        def get(self, key: str) -> Any:
+            self._wait([key], None)
+            return self.inner.get(key)
+
+        def wait(self, keys: list[str], *timeout: Any) -> None:
+            self._wait(keys, timeout[0] if timeout else None)
+
+        def _wait(self, keys: list[str], timeout: Any) -> None:
+            seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else self.seconds
+            deadline = time.monotonic() + seconds
+            while not self.inner.check(keys):
+                reason = _Abandon.reason
+                if reason is not None:
+                    raise RuntimeError(f"init_process_group gave up waiting for the other "
+                                       f"members of the group: {reason}")
+                if time.monotonic() > deadline:
+                    raise dist.DistStoreError(f"Timed out after {seconds:g}s waiting for the "
+                                              f"keys {', '.join(keys)} of a process group")
+                time.sleep(SLICE)
+
+        def check(self, keys: list[str]) -> bool:
+            return self.inner.check(keys)
+
+        def num_keys(self) -> int:
+            return self.inner.num_keys()
+
+        def delete_key(self, key: str) -> bool:
+            self.written.discard(key)
+            return self.inner.delete_key(key)
+
+        def set_timeout(self, timeout: timedelta) -> None:
+            self.seconds = timeout.total_seconds()
+            self.inner.set_timeout(timeout)
+
+        def forget(self) -> None:
+            for key in list(self.written):
+                try:
+                    self.inner.delete_key(key)
+                except Exception:  # noqa: BLE001 - the store went with the world
+                    pass
+            self.written.clear()
+
+    return Recorded
