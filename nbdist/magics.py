@@ -272,6 +272,9 @@ class DistMagics(Magics):
     @argument("--local", action="store_true", help="also run the cell here, as rank 0, at the "
               "same time (for SPMD code such as DDP and collectives)")
     @argument("--timeout", type=float, default=None, help="interrupt the cell after S seconds")
+    @argument("--no-fail-fast", dest="fail_fast", action="store_false", help="with --local: "
+              "let the other ranks run on when one fails (by default the first rank to raise "
+              "or die interrupts the others and the cell ends with its error)")
     @argument("--grid", action="store_true", help="lay each rank's rich outputs (plots, "
               "displays) side by side at the end of the cell, one column per rank")
     @argument("--aggregate", default=None, choices=["on", "off"], help="this cell only: a "
@@ -299,7 +302,7 @@ class DistMagics(Magics):
         from .cluster.spmd import run_with_local
 
         with c.rich_cell(targets, grid=args.grid), c.aggregating(aggregate, targets):
-            run_with_local(c, self.shell, cell, targets, args.timeout)
+            run_with_local(c, self.shell, cell, targets, args.timeout, args.fail_fast)
 
 
 def _last_spec() -> Any:

@@ -11,6 +11,7 @@ from ..errors import DistCellError, DistTimeoutError, RankFailure, WorkerDiedErr
 from ..proc.channel import Channel
 from ..proc.protocol import Exec, Flush, Interrupt, Message, Result
 from .debug import DebugDesk
+from .hints import where_defined
 from .ranks import RankInfo
 from .rich import RichOutput
 from .router import StatusLine
@@ -104,11 +105,14 @@ class Cells:
         self.send(rank, Interrupt(rpc_only=True))
 
     # -- waiting ------------------------------------------------------------------------------
-    def collect(self, exec_id: int, targets: list[int], timeout: float | None) -> dict:
-        """Wait for a cell's results; interrupts and deaths are handled, never hangs."""
+    def collect(self, exec_id: int, targets: list[int], timeout: float | None,
+                partial: bool = False) -> dict:
+        """Wait for a cell's results; interrupts and deaths are handled, never hangs.
+        ``partial``: at the timeout, the ranks still running are interrupted and the results
+        that arrived are returned (the others absent) instead of raising."""
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
-            return self._wait(exec_id, targets, deadline)
+            return self._wait(exec_id, targets, deadline, partial)
         except KeyboardInterrupt:
             self.interrupt(self._pending(exec_id, targets))
             try:  # a moment for the workers to report; the notebook comes back regardless
@@ -126,6 +130,18 @@ class Cells:
         with self.cv:
             return self._pending(exec_id, targets)
 
+    def first_failure(self, exec_id: int, targets: list[int]) -> int | None:
+        """The target that failed cell ``exec_id`` first (raised, or its process ended), if
+        any yet (a look; nothing is waited for)."""
+        with self.cv:
+            got, sent = self._results.get(exec_id, {}), self._sent.get(exec_id, {})
+            when = self._finished.get(exec_id, {})
+            raised = [r for r in targets if r in got and got[r].status == "error"]
+            if raised:
+                return min(raised, key=lambda r: when.get(r, 0.0))
+            return next((r for r in targets if r not in got and not self._answers(sent, r)),
+                        None)
+
     def _pending(self, exec_id: int, targets: list[int]) -> list[int]:
         got = self._results.get(exec_id, {})
         sent = self._sent.get(exec_id, {})
@@ -138,11 +154,13 @@ class Cells:
         was = sent.get(r, now)
         return was is not None and was is now and was.alive
 
-    def _wait(self, exec_id: int, targets: list[int], deadline: float | None) -> dict:
+    def _wait(self, exec_id: int, targets: list[int], deadline: float | None,
+              partial: bool = False) -> dict:
         with self.desk.waiting():
-            return self._wait_serving(exec_id, targets, deadline)
+            return self._wait_serving(exec_id, targets, deadline, partial)
 
-    def _wait_serving(self, exec_id: int, targets: list[int], deadline: float | None) -> dict:
+    def _wait_serving(self, exec_id: int, targets: list[int], deadline: float | None,
+                      partial: bool) -> dict:
         started = time.monotonic()
         status: StatusLine | None = None
         next_status = started + StatusLine.AFTER
@@ -166,6 +184,11 @@ class Cells:
                     next_status = now + StatusLine.EVERY
                 if deadline is not None and time.monotonic() > deadline:
                     self.interrupt(pending)
+                    if partial:
+                        got = CellResults(self._results.get(exec_id, {}))
+                        got.sent = dict(self._sent.get(exec_id, {}))
+                        got.finished = dict(self._finished.get(exec_id, {}))
+                        return got
                     who = ", ".join(self.ranks[r].label() for r in pending)
                     raise DistTimeoutError(f"timed out waiting for {who} to finish the cell; "
                                            "they were interrupted")
@@ -188,7 +211,9 @@ class Cells:
         values: dict[int, str | None] = {}
         failures: list[RankFailure] = []
         sent = getattr(results, "sent", {})
-        for r in targets:
+        finished = getattr(results, "finished", {})
+        hints: set[str] = set()
+        for r in sorted(targets, key=lambda r: finished.get(r, float("inf"))):  # first first
             res: Result | None = results[r]
             info = sent.get(r) or self.ranks[r]
             if res is None:
@@ -202,8 +227,11 @@ class Cells:
                     body = res.value.replace("\n", f"\n[{info.name}] ")
                     print(f"[{info.name}] {body}")
             else:
+                hint = where_defined(res.error_type, res.error)
+                hint = "" if hint in hints else hint  # once per cell
+                hints.add(hint)
                 failures.append(RankFailure(r, info.name, res.error_type, res.error,
-                                            res.traceback))
+                                            res.traceback + hint))
         if failures:
             self.last_failed = failures[-1].rank
             ranks = ", ".join(f"{f.rank} ({f.name})" for f in failures)

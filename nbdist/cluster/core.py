@@ -278,9 +278,15 @@ class Cluster:
         """Hand a cell to the targets without waiting; returns the id ``collect`` takes."""
         return self.cells.send_cell(code, targets)
 
-    def collect(self, exec_id: int, targets: list[int], timeout: float | None) -> dict:
-        """Wait for a cell's results; interrupts and deaths are handled, never hangs."""
-        return self.cells.collect(exec_id, targets, timeout)
+    def collect(self, exec_id: int, targets: list[int], timeout: float | None,
+                partial: bool = False) -> dict:
+        """Wait for a cell's results; interrupts and deaths are handled, never hangs
+        (``Cells.collect``)."""
+        return self.cells.collect(exec_id, targets, timeout, partial)
+
+    def first_failure(self, exec_id: int, targets: list[int]) -> int | None:
+        """The worker that failed cell ``exec_id`` first, if any yet (``Cells.first_failure``)."""
+        return self.cells.first_failure(exec_id, targets)
 
     def report(self, results: dict, targets: list[int], show: bool = True) -> dict:
         """Show the values; raise ``DistCellError`` naming every rank that failed."""

@@ -98,6 +98,7 @@ def install() -> bool:
 
 def torch_init(*args: Any, **kwargs: Any) -> Any:
     """torch's own ``init_process_group`` (for the groups nbdist makes itself)."""
+    _name_first_group()
     if _State.torch_init is not None:
         return _State.torch_init(*args, **kwargs)
     import torch.distributed as dist
@@ -195,6 +196,7 @@ def init_process_group(*args: Any, **kwargs: Any) -> None:
         _State.torch_init(**a)
     except BaseException as exc:
         meeting.leave()  # the next try meets the others under fresh keys
+        _name_first_group()
         if isinstance(exc, Exception):
             raise _explain(exc, member, rank, size, timeout) from exc
         raise
@@ -235,8 +237,11 @@ def _end_world_group() -> None:
 
 def _name_first_group() -> None:
     """torch names a default group by a per-process count that only a destroy resets; one a
-    failed attempt left raised would give this rank other keys than its peers'."""
-    if torch_private.usable("process_group"):
+    failed attempt left raised would give this rank other keys than its peers' (the next
+    world's own group among them). Nothing is done while a default group is up."""
+    import torch.distributed as dist
+
+    if torch_private.usable("process_group") and not dist.is_initialized():
         from torch.distributed import distributed_c10d as c10d
 
         c10d._world.group_count = 0
