@@ -71,10 +71,11 @@ def add_output(run: Run, style: str, stdout: dict[str, list[str]],
     if style == "spawn":  # one shared stdout: compared as a whole
         stdout = {"all": sorted(line for lines in stdout.values() for line in lines)}
         stderr = {"all": [line for lines in stderr.values() for line in lines]}
-    for who in sorted(set(stdout) | set(stderr)):
+        whos = {"all"}
+    else:
+        whos = set(stdout) | set(stderr) | set(run.ranks)
+    for who in sorted(whos):
         out, err = stdout.get(who, []), stderr.get(who, [])
-        printed = [line for line in out if line.strip() and not line.startswith("nbdist:")]
-        said = [line for line in out + err if line.startswith("nbdist:")]
-        if printed or said or who in run.ranks:
-            seen = run.ranks.setdefault(who, {})
-            seen["printed"], seen["said"] = printed, said
+        seen = run.ranks.setdefault(who, {})
+        seen["printed"] = [line for line in out if line.strip() and not line.startswith("nbdist:")]
+        seen["said"] = [line for line in out + err if line.startswith("nbdist:")]

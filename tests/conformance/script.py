@@ -5,6 +5,8 @@ out), in a fresh directory, bounded by a deadline that kills the whole process g
 from __future__ import annotations
 
 import os
+import random
+import socket
 import subprocess
 import sys
 import time
@@ -16,7 +18,7 @@ from .cases import Case
 from .observe import Run, add_output, read_records, split_by_rank, uncaught
 from .prelude import PRELUDE
 
-__all__ = ["program", "run_script"]
+__all__ = ["program", "quiet_port", "run_script"]
 
 TEE = r"\[default(\d+)\]:"  # torchrun --tee's prefix on a rank's lines
 
@@ -45,9 +47,24 @@ def _kill_tree(pid: int) -> None:
             pass
 
 
-def run_script(case: Case, where: Path, ports: tuple[int, int], timeout: float = 180) -> Run:
+def quiet_port() -> int:
+    """A TCP port free on 127.0.0.1 now, below the kernel's ephemeral range, so that no
+    outgoing connection takes it before the program listens there."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    while True:
+        port = random.randrange(10000, min(low, 30000))
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+
+
+def run_script(case: Case, where: Path, timeout: float = 180) -> Run:
     """Run ``case`` as a script in the empty directory ``where``; its records go to
     ``where/out``."""
+    ports = quiet_port(), quiet_port()
     out = where / "out"
     out.mkdir(parents=True)
     (where / "prog.py").write_text(program(case))

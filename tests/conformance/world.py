@@ -5,7 +5,8 @@ differs from the running world's, or that asks ``fresh``, gets ``%dist_stop`` an
 ``%dist_start``; one that only needs another size gets ``%dist_restart N --keep``. Before each
 case one harness cell sets ``CONF_OUT``, ``CONF_PORT`` and ``CONF_PORT2`` on every rank; then
 the program runs unchanged: in a ``%%dist --local`` cell (torchrun style) or a plain cell
-(spawn style).
+(spawn style). A case that fails where it should not is followed by a new kernel, so that
+whatever it left behind (in torch's process-wide state too) does not fail the cases after it.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from kernel_helpers import Kernel
 
 from .cases import FLAGS, Case
 from .observe import Run, add_output, read_records, split_by_rank
-from .script import program
+from .script import program, quiet_port
 
 __all__ = ["WorldSide"]
 
@@ -60,10 +61,10 @@ class WorldSide:
                    f"os.environ['CONF_PORT'] = '{ports[0]}'\n"
                    f"os.environ['CONF_PORT2'] = '{ports[1]}'")
 
-    def run(self, case: Case, out: Path, ports: tuple[int, int]) -> Run:
+    def run(self, case: Case, out: Path) -> Run:
         """Run ``case`` in a world of its kind and size; its records go to ``out``."""
         out.mkdir(parents=True)
-        self._prepare(case, out, ports)
+        self._prepare(case, out, (quiet_port(), quiet_port()))
         code = program(case)
         if case.style == "torchrun":
             code = "%%dist --local\n" + code
@@ -81,6 +82,8 @@ class WorldSide:
         if rep.error is not None:
             run.text += f"\n{rep.error['ename']}: {rep.error['evalue']}"
             run.raised = _raised(rep.error)
+            if case.raises is None:  # unexpected: what it left must not fail the next case
+                self.close()
         return run
 
     def close(self) -> None:
