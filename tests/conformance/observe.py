@@ -76,6 +76,7 @@ def add_output(run: Run, style: str, stdout: dict[str, list[str]],
         whos = set(stdout) | set(stderr) | set(run.ranks)
     for who in sorted(whos):
         out, err = stdout.get(who, []), stderr.get(who, [])
-        seen = run.ranks.setdefault(who, {})
-        seen["printed"] = [line for line in out if line.strip() and not line.startswith("nbdist:")]
-        seen["said"] = [line for line in out + err if line.startswith("nbdist:")]
+        printed = [line for line in out if line.strip() and not line.startswith("nbdist:")]
+        said = [line for line in out + err if line.startswith("nbdist:")]
+        if printed or said or who in run.ranks or who == "all":
+            run.ranks.setdefault(who, {}).update(printed=printed, said=said)

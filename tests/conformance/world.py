@@ -87,13 +87,16 @@ class WorldSide:
         return run
 
     def close(self) -> None:
-        if self.kernel is not None:
-            try:
-                if self.kind is not None:
-                    self.kernel.execute("%dist_stop", timeout=90)
-            finally:
-                self.kernel.close()
+        """Stop the world and end the kernel; the next case starts a new one either way."""
+        kernel, kind = self.kernel, self.kind
         self.kernel, self.kind, self.n = None, None, 0
+        if kernel is None:
+            return
+        try:
+            if kind is not None:
+                kernel.execute("%dist_stop", timeout=90)
+        finally:
+            kernel.close()
 
 
 def _raised(error: dict) -> list[str]:
