@@ -21,7 +21,8 @@ def differences(case: Case, script: Run, world: Run) -> tuple[list[str], list[st
     for who in sorted(set(script.ranks) | set(world.ranks)):
         s, w = script.ranks.get(who, {}), world.ranks.get(who, {})
         for key in list(s) + [k for k in w if k not in s]:
-            sv, wv = s.get(key, _MISSING), w.get(key, _MISSING)
+            unseen = [] if key in ("printed", "said") else _MISSING  # a rank that printed nothing
+            sv, wv = s.get(key, unseen), w.get(key, unseen)
             if sv == wv:
                 continue
             line = f"{who} {key!r}: script {_show(sv)}, world {_show(wv)}"

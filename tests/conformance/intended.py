@@ -87,4 +87,8 @@ def intended(key: str, script: Any, world: Any) -> Intended | None:
     for entry in INTENDED:
         if entry.key == key and entry.matches(script, world):
             return entry
+    if isinstance(world, list) and len(world) > 1:  # lines: each one an intended difference
+        entries = [intended(key, script, [line]) for line in world]
+        if all(entries):
+            return entries[0]
     return None

@@ -45,9 +45,6 @@ XFAIL: dict[str, str] = {
     "pg_destroy_then_two_of_three":
         "issue 33 row 2 in a --process-group world: after destroy, init of 2 on two of three "
         "ranks fails",
-    "norpc_destroy_then_two_of_three":
-        "issue 33 row 2 in a --no-rpc world: after destroy, init of 2 on two of three ranks "
-        "fails",
     "pg_after_no_destroy":
         "after a cell that left its group (torchrun-style code never destroys), the next init"
         " fails; a script's next run starts clean",
