@@ -70,15 +70,6 @@ INTENDED: list[Intended] = [
         "the others are interrupted at once; rank 0 prints one line naming the rank that "
         "failed first",
         "a notebook has no launcher to print the summary: the cell shows the first failure"),
-    Intended(
-        "without init", {"initialized": False, "raised": "ValueError"},
-        r're:\{"initialized": true, "rank": \d+, "size": \d+, "backend": "gloo"\}',
-        "a rank of a `--process-group` (or `--no-rpc`) world that never calls "
-        "`init_process_group`",
-        "has no default group",
-        "has the world's group as its default, until a `destroy_process_group()`",
-        "the world's group is what `--process-group` asks for; a call for another group "
-        "ends it on that rank first"),
 ]
 
 
