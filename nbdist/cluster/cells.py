@@ -281,7 +281,7 @@ class Cells:
             ranks = ", ".join(f"{f.rank} ({f.name})" for f in failures)
             plural = "s" if len(failures) > 1 else ""
             raise DistCellError(failures, f"the cell failed on rank{plural} {ranks}: ")
-        return values
+        return {r: values[r] for r in targets if r in values}  # by rank, whoever finished first
 
     def flush(self, timeout: float) -> bool:
         """Wait until what live workers printed or logged so far has arrived here."""
