@@ -50,9 +50,9 @@ def measured_commit() -> str:
     """The short commit of the tree being measured, ``-dirty`` if its sources differ from it."""
     try:
         head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-                              capture_output=True, text=True, timeout=10).stdout.strip()
+                              capture_output=True, text=True, timeout=60).stdout.strip()
         dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--",
-                                *_SOURCES], capture_output=True, text=True, timeout=10).stdout
+                                *_SOURCES], capture_output=True, text=True, timeout=60).stdout
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     changed = [line[3:] for line in dirty.splitlines()

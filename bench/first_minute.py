@@ -218,7 +218,7 @@ def markdown(res: dict) -> str:
     meta, med = res["meta"], res["median"]
     names = list(med)
     lines = [f"# The first minute and Ctrl-C, {RANKS} ranks: nbdist beside {PEER}", "",
-             f"Commit {meta['commit']}, {meta['when']}, {meta['cores']} cores, torch "
+             f"At commit {meta['commit']}, {meta['when']}, {meta['cores']} cores, torch "
              f"{meta['torch']}, load average {meta['load_start']} at the start and "
              f"{meta['load_end']} at the end (other work shared the machine). {meta['rounds']} "
              f"rounds, contenders interleaved; medians. Rerun: `python bench/first_minute.py`.",

@@ -10,6 +10,7 @@ prints must agree.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -48,6 +49,10 @@ def pair(rank, world_size):
 def lines(text: str) -> list[str]:
     """The processes' own lines, without nbdist's ``[workerN] `` prefix, sorted."""
     out = []
+    # torch <= 2.10's Gloo writes "[Gloo] Rank N is connected ..." on the notebook's own fd 1,
+    # which the kernel forwards in the middle of the cell's stream (README, Torch versions)
+    text = re.sub(r"\[Gloo\] Rank \d+ is connected to \d+ peer ranks\. Expected number of "
+                  r"connected peer ranks is : \d+\n?", "", text)
     for line in text.splitlines():
         if line.startswith("[worker"):
             line = line.split("] ", 1)[1]
@@ -112,6 +117,16 @@ def test_a_function_that_starts_rpc_itself_runs_as_in_a_script_again_and_again(k
     ok(k, "%%dist\nprint('cells still run')")
 
 
+def _gloo_prints_on_stdout() -> bool:
+    """torch <= 2.10's Gloo writes "[Gloo] Rank N is connected ..." to fd 1 of every process at
+    each group join, in pieces that can land inside the processes' own lines."""
+    import torch
+
+    return tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) <= (2, 10)
+
+
+@pytest.mark.skipif(_gloo_prints_on_stdout(), reason="torch <= 2.10: Gloo's connection lines "
+                    "interleave with the printed lines this test compares (script and world)")
 @pytest.mark.parametrize("start", ["--no-rpc", "--process-group gloo"])
 def test_a_spawned_function_sees_no_group_of_the_world_and_the_world_gets_it_back(
         k, tmp_path, start):
@@ -122,5 +137,5 @@ def test_a_spawned_function_sees_no_group_of_the_world_and_the_world_gets_it_bac
     assert lines(rep.stdout) == as_script(tmp_path, "pair", 4), rep.stdout
     assert k.value("(dist.is_initialized(), dist.get_world_size())") == (True, 4)
     rep = ok(k, "%%dist --local\nt = torch.ones(1)\ndist.all_reduce(t)\n"
-                "print('world sum', t.item())")
-    assert rep.stdout.count("world sum 4.0") == 4, rep.stdout
+                "print(f'world sum {t.item()}')")  # one write: a worker's line may come
+    assert rep.stdout.count("world sum 4.0") == 4, rep.stdout  # between two of rank 0's

@@ -123,7 +123,6 @@ PINNED = {
     "torch.distributed.distributed_c10d._world.pg_to_tag",
     "torch.distributed.distributed_c10d._world.tags_to_pg",
     "torch.distributed.distributed_c10d._world.pg_coalesce_state",
-    "torch.distributed.distributed_c10d._world.comms",
     "torch.distributed.distributed_c10d._update_default_pg",
     "torch._C._distributed_c10d._register_process_group",
     "torch._C._distributed_c10d._unregister_process_group",

@@ -47,7 +47,8 @@ class Hidden:
             getattr(world, book).update(saved)
         for tag, groups in self.tags.items():
             world.tags_to_pg.setdefault(tag, []).extend(groups)
-        world.comms.extend(self.comms)
+        if isinstance(getattr(world, "comms", None), list):  # torch >= 2.9
+            world.comms.extend(self.comms)
         world.group_count = self.count
         for pg, name in self.books["pg_names"].items():
             native._register_process_group(name, pg)
@@ -70,13 +71,14 @@ def hide() -> Hidden | None:
     hidden = Hidden(world.default_pg,
                     {book: dict(getattr(world, book)) for book in _BOOKS},
                     {tag: list(groups) for tag, groups in world.tags_to_pg.items()},
-                    list(world.comms), world.group_count)
+                    list(getattr(world, "comms", None) or ()), world.group_count)
     for name in hidden.books["pg_names"].values():
         native._unregister_process_group(name)
     for book in _BOOKS:
         getattr(world, book).clear()
     world.tags_to_pg.clear()
-    world.comms.clear()
+    if isinstance(getattr(world, "comms", None), list):  # torch >= 2.9
+        world.comms.clear()
     world.group_count = 0
     c10d._update_default_pg(None)
     return hidden

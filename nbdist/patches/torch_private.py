@@ -248,7 +248,8 @@ PRIVATES: tuple[Private, ...] = (
     *(Private("hidden_groups", _C10D, f"_world.{book}", _is(dict))
       for book in ("pg_names", "pg_group_ranks", "pg_backend_config", "pg_to_tag",
                    "tags_to_pg", "pg_coalesce_state")),
-    Private("hidden_groups", _C10D, "_world.comms", _is(list)),
+    # (_world.comms, a list on torch >= 2.9 and absent on 2.8, is saved and emptied where it
+    # is there: hidden_groups reads it with getattr)
     Private("hidden_groups", _C10D, "_update_default_pg", _arity(1)),
     Private("hidden_groups", "torch._C._distributed_c10d", "_register_process_group"),
     Private("hidden_groups", "torch._C._distributed_c10d", "_unregister_process_group"),
