@@ -54,10 +54,11 @@ test: $(STAMP) browser
 	$(BIN)/ruff check nbdist tests bench
 	NBDIST_CHROMIUM_MARKER=$(abspath $(VENV))/.chromium $(BIN)/python -m pytest -q
 
-# What a developer runs while working: no notebook runs, no browser, no long stress tests
+# What a developer runs while working: no notebook runs, no browser, no long stress tests, no
+# conformance suite (minutes: script and world side by side; `make test` runs it)
 # (under 2 minutes on 2 cores). `make test` runs everything.
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow and not browser"
+	$(BIN)/python -m pytest -q -m "not slow and not browser and not conformance"
 
 # Rewrites every file in bench/results, each naming the commit it measured (-dirty: with
 # uncommitted changes). tests/test_bench_smoke.py runs each script with --smoke in `make test`.
