@@ -23,25 +23,28 @@ PROGRAM = """\
 import os, torch, torch.distributed as dist, torch.distributed.rpc as rpc
 import torch.multiprocessing as mp
 
+def say(line):
+    print(line + "\n", end="", flush=True)  # one write: lines sharing a pipe stay whole
+
 def rpc_run(rank, world_size):
     opts = rpc.TensorPipeRpcBackendOptions(init_method="tcp://localhost:PORT")
-    print(f"{rank} starts: rpc {rpc.api._is_current_rpc_agent_set()}, "
-          f"group {dist.is_initialized()}", flush=True)
+    say(f"{rank} starts: rpc {rpc.api._is_current_rpc_agent_set()}, "
+        f"group {dist.is_initialized()}")
     rpc.init_rpc(f"w{rank}", rank=rank, world_size=world_size, rpc_backend_options=opts)
     if rank == 0:
         got = [rpc.rpc_sync(f"w{r}", torch.add, args=(torch.ones(1), r)).item()
                for r in range(1, world_size)]
-        print(f"0 got {got}", flush=True)
+        say(f"0 got {got}")
     rpc.shutdown()
 
 def pair(rank, world_size):
-    print(f"{rank} starts: group {dist.is_initialized()}", flush=True)
+    say(f"{rank} starts: group {dist.is_initialized()}")
     if rank < 2:
         dist.init_process_group("gloo", rank=rank, world_size=2,
                                 init_method="tcp://localhost:PORT")
         t = torch.ones(1) * (rank + 1)
         dist.all_reduce(t)
-        print(f"{rank} pair sum {t.item()} of {dist.get_world_size()}", flush=True)
+        say(f"{rank} pair sum {t.item()} of {dist.get_world_size()}")
         dist.destroy_process_group()
 """
 
