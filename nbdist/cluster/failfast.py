@@ -1,6 +1,7 @@
-"""Fail fast in ``%%dist --local`` cells: the first rank to fail ends the cell on every rank.
+"""Fail fast in ``%%dist --local`` cells and ``mp.spawn``: the first rank to fail ends the
+cell (the spawn) on every rank.
 
-While rank 0 runs its part of the cell, a watcher looks at the workers' results every
+While rank 0 runs its part (on any thread), a watcher looks at the workers' results every
 ``EVERY`` seconds. When a worker raised or its process ended, rank 0's rendezvous waits give up
 (``patches.rendezvous.abandon``), rank 0's own part is interrupted (its KeyboardInterrupt is a
 consequence, so it is not shown; one line says why) and so are the other workers' parts.
@@ -27,17 +28,24 @@ class FailFast:
     """The watcher of one ``--local`` cell; ``first``: the worker that failed first, once one
     has (None until then)."""
 
-    def __init__(self, cluster: Any, exec_id: int, targets: list[int], shell: Any) -> None:
+    def __init__(self, cluster: Any, exec_id: int, targets: list[int],
+                 shell: Any = None) -> None:
         self.cluster, self.exec_id, self.targets, self.shell = cluster, exec_id, targets, shell
         self.first: int | None = None
         self._lock = threading.Lock()
         self._inside = False  # rank 0 is in its part of the cell: it may be interrupted
         self._done = threading.Event()
-        self._main = threading.get_ident()
+        self._rank0 = threading.get_ident()
 
     @contextlib.contextmanager
     def rank0(self) -> Iterator[None]:
-        """Around rank 0's part of the cell (run on this, the main, thread)."""
+        """Around rank 0's part (run on the thread that enters it). With a shell, rank 0's
+        traceback is not shown once a worker failed first (the cell shows that failure)."""
+        self._rank0 = threading.get_ident()
+        if self.shell is None:
+            with self._watching():
+                yield
+            return
         own = "showtraceback" in vars(self.shell)
         shown = self.shell.showtraceback
 
@@ -47,6 +55,17 @@ class FailFast:
             return None
 
         self.shell.showtraceback = showtraceback
+        try:
+            with self._watching():
+                yield
+        finally:
+            if own:
+                self.shell.showtraceback = shown
+            else:
+                del self.shell.showtraceback
+
+    @contextlib.contextmanager
+    def _watching(self) -> Iterator[None]:
         watcher = threading.Thread(target=self._watch, daemon=True, name="nbdist-fail-fast")
         with self._lock:
             self._inside = True
@@ -58,10 +77,6 @@ class FailFast:
                 self._inside = False
             self._done.set()
             watcher.join(1.0)
-            if own:
-                self.shell.showtraceback = shown
-            else:
-                del self.shell.showtraceback
             rendezvous.resume()
 
     def say_why(self) -> None:
@@ -86,15 +101,15 @@ class FailFast:
         self.cluster.cells.interrupt(others)
         with self._lock:
             if self._inside:
-                _interrupt(self._main)
+                _interrupt(self._rank0)
 
 
 def _interrupt(thread_id: int) -> None:
-    """KeyboardInterrupt in the thread ``thread_id`` (the main one), as Ctrl-C would."""
-    if callable(signal.getsignal(signal.SIGINT)):
+    """KeyboardInterrupt in the thread ``thread_id``, as Ctrl-C would in the main one."""
+    if thread_id == threading.main_thread().ident and callable(signal.getsignal(signal.SIGINT)):
         signal.pthread_kill(thread_id, signal.SIGINT)
         return
-    import ctypes  # SIGINT ignored here (a background test run): raise it in the thread
+    import ctypes  # another thread, or SIGINT ignored here (a background run): raise it there
 
     ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id),
                                                ctypes.py_object(KeyboardInterrupt))

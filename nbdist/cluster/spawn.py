@@ -36,6 +36,7 @@ from ..errors import DistTimeoutError, RankFailure
 from ..patches import spawn as patch
 from ..proc import spawned
 from . import core
+from .failfast import FailFast
 
 __all__ = ["AFTER_FAILURE", "BARE", "install", "starts_rpc", "take"]
 
@@ -190,17 +191,23 @@ class _Spawn:
 
     # -- rank 0 ---------------------------------------------------------------------------
     def run_here(self) -> None:
-        """``fn(0, *args)`` on this thread; Ctrl-C interrupts every rank and is raised."""
+        """``fn(0, *args)`` on this thread; Ctrl-C interrupts every rank and is raised. A
+        worker that fails meanwhile interrupts this part and the other workers, as torch's
+        spawn ends the other processes (``FailFast``); its failure is the spawn's error."""
+        watch = FailFast(self.cluster, self.exec_id, self.targets) \
+            if self.cluster is not None and self.targets else None
         try:
-            spawned.call(self.fn, 0, self.args, self.generation)
-        except KeyboardInterrupt:
-            if threading.current_thread() is threading.main_thread():
+            with watch.rank0() if watch is not None else contextlib.nullcontext():
+                spawned.call(self.fn, 0, self.args, self.generation)
+        except BaseException as exc:  # noqa: BLE001 - raised as spawn's error by finish()
+            consequence = watch is not None and watch.first is not None
+            if isinstance(exc, KeyboardInterrupt) and not consequence \
+                    and threading.current_thread() is threading.main_thread():
                 self._interrupt_workers()
                 raise
-            self.failure = (KeyboardInterrupt(), "KeyboardInterrupt\n")
-            self.failed_at = time.monotonic()
-        except BaseException as exc:  # noqa: BLE001 - raised as spawn's error by finish()
-            self.failure = (exc, traceback.format_exc())
+            self.failure = (KeyboardInterrupt(), "KeyboardInterrupt\n") \
+                if consequence or isinstance(exc, KeyboardInterrupt) \
+                else (exc, traceback.format_exc())
             self.failed_at = time.monotonic()
 
     def start_thread(self) -> None:

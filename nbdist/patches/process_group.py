@@ -206,6 +206,7 @@ def init_process_group(*args: Any, **kwargs: Any) -> None:
     _name_first_group()
     a.update(init_method=None, store=meeting.store, rank=rank, world_size=size, timeout=timeout)
     try:
+        meeting.meet_rank0(rank, timeout.total_seconds())
         _State.torch_init(**a)
     except BaseException as exc:
         meeting.leave()  # the next try meets the others under fresh keys
@@ -272,10 +273,12 @@ def _check(member: Membership, size: int) -> None:
 
 
 def _matches(member: Membership, backend: Any, rank: int, size: int) -> bool:
-    """Whether an ``init_process_group`` asks for exactly the group the world made."""
+    """Whether an ``init_process_group`` asks for exactly the group the world made: same
+    rank, size and backend. No backend asks for torch's default ("undefined" to
+    ``get_backend``), which is not the world's group."""
     wanted = str(backend).lower() if backend is not None else None
-    return rank == member.rank and size == member.world_size and (
-        wanted is None or member.backend is None or member.backend in wanted)
+    return rank == member.rank and size == member.world_size and wanted is not None \
+        and wanted == member.backend
 
 
 def _borrow(member: Membership) -> None:
@@ -300,16 +303,22 @@ def _say_once(member: Membership, init_method: Any) -> None:
 
 def _explain(exc: Exception, member: Membership, rank: int, size: int,
              timeout: timedelta) -> Exception:
-    """A rendezvous that timed out says which rank waited, and for what."""
+    """A rendezvous that timed out says which rank waited, and for what, in an error of
+    torch's type (``DistStoreError`` where a script's would be)."""
     text = str(exc)
     if "imeout" not in text and "timed out" not in text.lower():
         return exc
-    from ..errors import DistTimeoutError
-
+    if "rank 0 of a group" in text:  # meet_rank0's: already says it
+        return exc
     others = [str(r) for r in range(size) if r != rank]
     who = f"rank{'s' if len(others) > 1 else ''} {', '.join(others)}"
-    return DistTimeoutError(
-        f"rank {rank} ({member.name}) waited {timeout.total_seconds():g}s in "
-        f"init_process_group for {who} to join a group of {size}: every rank "
-        f"0..{size - 1} must call it (from the notebook, `%%dist --local` runs a cell on all "
-        f"ranks at once)")
+    msg = (f"rank {rank} ({member.name}) waited {timeout.total_seconds():g}s in "
+           f"init_process_group for {who} to join a group of {size}: every rank "
+           f"0..{size - 1} must call it (from the notebook, `%%dist --local` runs a cell on all "
+           f"ranks at once)")
+    try:
+        return type(exc)(msg)
+    except Exception:  # noqa: BLE001 - a type that takes other arguments
+        from ..errors import DistTimeoutError
+
+        return DistTimeoutError(msg)

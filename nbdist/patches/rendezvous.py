@@ -2,13 +2,15 @@
 
 Members meet as torch's do: those that name the same rendezvous (``name``: the
 ``init_method``'s address, or ``MASTER_ADDR:MASTER_PORT`` for ``env://``) and the same size
-form a group, whatever their world ranks. Each group gets fresh keys: the members count their
-arrivals at that rendezvous in the store, so the k-th ``size`` arrivals are generation k, and a
-member whose attempt failed or was interrupted takes its arrival (and its keys) back
-(``Meeting.leave``).
+form a group, whatever their world ranks. Each group gets fresh keys, a generation: members
+join the open generation of that rendezvous and size, and the one that fills it opens the next.
+A member whose attempt failed or was interrupted (``Meeting.leave``) ends its generation, so
+whatever the failure left behind (a member that never came, keys of a dead listener), the next
+attempt meets in a fresh one. As under torch, a member other than rank 0 first waits for rank 0
+(whose store the others would connect to): ``DistNetworkError`` when it never comes.
 
 A member waits for the others in short slices, so Ctrl-C (or ``abandon``, from another
-thread) ends the wait at once, and a wait that runs out raises ``DistStoreError`` naming the
+thread) ends the wait at once, and a wait that runs out raises torch's error type naming the
 keys it waited for.
 """
 
@@ -64,20 +66,60 @@ class Meeting:
                  timeout: float) -> None:
         import torch.distributed as dist
 
-        self.base = base
-        self.arrivals = f"{prefix}/{rendezvous}/{size}/arrivals"
-        arrived = base.add(self.arrivals, 1)
-        self.generation = (arrived - 1) // size + 1
-        keys = dist.PrefixStore(f"{prefix}/{rendezvous}/{size}/{self.generation}/", base)
+        self.base, self.size, self.rendezvous = base, size, rendezvous
+        self.root = f"{prefix}/{rendezvous}/{size}"
+        self.generation = _join(base, self.root, size)
+        keys = dist.PrefixStore(f"{self.root}/{self.generation}/", base)
         self.store = _recorded(keys, timeout)
 
+    def meet_rank0(self, rank: int, timeout: float) -> None:
+        """Rank 0 says it came; any other rank waits for it, as torch's store client waits
+        to connect to rank 0's store (``DistNetworkError`` when it never comes)."""
+        import torch.distributed as dist
+
+        if rank == 0:
+            self.store.set(_RANK0, b"1")
+            return
+        try:
+            self.store.wait([_RANK0], timedelta(seconds=timeout))
+        except dist.DistStoreError:
+            raise dist.DistNetworkError(
+                f"rank {rank} waited {timeout:g}s for rank 0 of a group of {self.size} at "
+                f"{self.rendezvous} to call init_process_group (torch's store client would "
+                f"time out connecting to rank 0's store)") from None
+
     def leave(self) -> None:
-        """Take this member's arrival and keys back (its attempt failed)."""
+        """This attempt failed: take its keys back and end its generation, so the next
+        attempt meets in a fresh one whatever this one left behind."""
         self.store.forget()
         try:
-            self.base.add(self.arrivals, -1)
+            self.base.add(f"{self.root}/{self.generation}/count", _ENDED)
+            _close(self.base, self.root, self.generation)
         except Exception:  # noqa: BLE001 - the store went with the world
             pass
+
+
+_RANK0 = "nbdist-rank0-came"
+_ENDED = 1 << 40  # added to an ended generation's count: nobody joins it any more
+
+
+def _join(base: Any, root: str, size: int) -> int:
+    """The generation this member joins: the open one unless it is full or ended (then it
+    is closed and the next one tried). Only ``add`` is used: atomic in every store."""
+    while True:
+        generation = base.add(f"{root}/open", 0)
+        arrived = base.add(f"{root}/{generation}/count", 1)
+        if arrived <= size:
+            if arrived == size:
+                _close(base, root, generation)
+            return generation
+        _close(base, root, generation)
+
+
+def _close(base: Any, root: str, generation: int) -> None:
+    """Open the generation after ``generation`` (once, whoever asks first)."""
+    if base.add(f"{root}/{generation}/closed", 1) == 1:
+        base.add(f"{root}/open", 1)
 
 
 _CLASS: list[type] = []

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import socket
 import subprocess
 import sys
@@ -21,9 +22,12 @@ from .prelude import PRELUDE
 __all__ = ["program", "quiet_port", "run_script"]
 
 TEE = r"\[default(\d+)\]:"  # torchrun --tee's prefix on a rank's lines
-# what plain torch (2.13, gloo) prints when a process aborts at exit after its program ended,
-# in some runs of the same script: not the program's outcome
+# what plain torch (2.13-2.15, gloo) prints when a process aborts at exit after its program
+# ended, in some runs of the same script (Gloo's threads outlive the interpreter: pytorch#179291):
+# not the program's outcome. Under mp.spawn the parent sees the abort as the child's failure
+# and stops, so such a run is run again (ATTEMPTS in all).
 EXIT_ABORT = "terminate called without an active exception"
+ATTEMPTS = 3
 
 
 def program(case: Case) -> str:
@@ -66,7 +70,16 @@ def quiet_port() -> int:
 
 def run_script(case: Case, where: Path, timeout: float = 180) -> Run:
     """Run ``case`` as a script in the empty directory ``where``; its records go to
-    ``where/out``."""
+    ``where/out``. A run that plain torch aborted at a process's exit is run again."""
+    for attempt in range(1, ATTEMPTS + 1):
+        run = _run_once(case, where, timeout)
+        if not (EXIT_ABORT in run.text and (run.failed or run.raised)) or attempt == ATTEMPTS:
+            return run
+        shutil.rmtree(where / "out")
+    raise AssertionError("unreachable")
+
+
+def _run_once(case: Case, where: Path, timeout: float) -> Run:
     ports = quiet_port(), quiet_port()
     out = where / "out"
     out.mkdir(parents=True)
