@@ -4,19 +4,23 @@ A function shipped from another rank runs against the receiving rank's ``__main_
 globals it reads travel with it and are merged name by name (``merge``): a missing name is set,
 a name holding the value mirrored last time is replaced when the sender rebound it, and a name
 this rank bound itself is kept. A value goes to a destination once per binding, a marker after
-that (a receiver waits up to ``WAIT`` seconds for a value it has not seen). README, Module notes.
+that (a receiver waits up to ``WAIT`` seconds for a value it has not seen). Under ``sender_wins``
+(``mp.spawn``: a spawned process runs the parent's module as the parent has it) every value
+arriving replaces this rank's. README, Module notes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 __all__ = ["UNCHANGED", "WAIT", "forget_peers", "main_namespace", "mark_sent", "merge",
-           "outgoing"]
+           "outgoing", "sender_wins"]
 
 WAIT = 30.0  # seconds a receiver waits for a value a racing request is bringing
 
@@ -101,12 +105,26 @@ def mark_sent(dest: str, entries: tuple) -> None:
             sent[(dest, name)] = value
 
 
+_sender_wins = threading.local()  # .on: merges on this thread replace this rank's bindings
+
+
+@contextlib.contextmanager
+def sender_wins() -> Iterator[None]:
+    """Within: every global arriving (on this thread) replaces this rank's binding."""
+    _sender_wins.on = True
+    try:
+        yield
+    finally:
+        _sender_wins.on = False
+
+
 def merge(sender: str, entries: tuple, ns: dict) -> None:
     """Apply a sender's globals to ``ns`` by the rule in this module's docstring."""
     if not entries:
         return
     st = _state
     mirrored = st.mirrored
+    force = getattr(_sender_wins, "on", False)
     waiting = []
     with st.cv:
         for name, value in entries:
@@ -117,7 +135,7 @@ def merge(sender: str, entries: tuple, ns: dict) -> None:
                 continue
             st.have.add(key)
             current = ns.get(name, _MISSING)
-            if current is _MISSING or current is mirrored.get(name, _MISSING):
+            if force or current is _MISSING or current is mirrored.get(name, _MISSING):
                 ns[name] = value
                 mirrored[name] = value
             else:

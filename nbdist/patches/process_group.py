@@ -15,6 +15,8 @@ script (torch's own errors included):
   code expects; any other call ends it on this rank first, as if it had never been. The
   user's ``destroy_process_group()`` ends the default group whoever made it: afterwards
   ``is_initialized()`` is False and a later call makes any group.
+- A default group an earlier cell made and left (torchrun-style code never destroys it) is
+  ended by the next ``init_process_group``, as a script's next run starts without it.
 - A group larger than the world raises ``ValueError`` at once (its members could never all
   come).
 - ``destroy_process_group`` keeps each destroyed group alive (``graveyard``), so no later free
@@ -68,6 +70,7 @@ class _State:
     own_group: Any = None  # the default group the world made (None: none)
     borrowed = False  # the user's init took the world's own group
     made = False  # the default group now is one user code made here
+    made_in: object = None  # the cell that made it (``_cell_now``)
     excepthook: Any = None  # before the user's init (torch wraps it at every init)
     timeout = 0.0  # the last user group's timeout, seconds
     # the stores of the user groups made in this world: torch keeps only their C++ half, whose
@@ -185,14 +188,15 @@ def init_process_group(*args: Any, **kwargs: Any) -> None:
     a = bound.arguments
     if a["store"] is not None:  # the user made a store: theirs to keep
         return _State.torch_init(**a)
-    size = member.world_size if a["world_size"] in (None, -1) else int(a["world_size"])
-    rank = member.rank if a["rank"] in (None, -1) else int(a["rank"])
+    size, rank = _size_and_rank(member, a)
     _check(member, size)
     if _world_group_is_default():
         if _matches(member, a["backend"], rank, size):
             _borrow(member)
             return None
         _end_world_group()  # a script has no group before its own: this rank's world group goes
+    if dist.is_initialized() and _State.made and _State.made_in != _cell_now():
+        _end_earlier_group(member)  # a script run again starts clean
     if dist.is_initialized():  # the user's own group, still up: torch's "twice" error
         return _State.torch_init(**a)
     graveyard.release()
@@ -214,7 +218,7 @@ def init_process_group(*args: Any, **kwargs: Any) -> None:
         if isinstance(exc, Exception):
             raise _explain(exc, member, rank, size, timeout) from exc
         raise
-    _State.made = True
+    _State.made, _State.made_in = True, _cell_now()
     _State.stores.append(meeting.store)
     _State.excepthook, _State.timeout = hook, timeout.total_seconds()
     return None
@@ -233,6 +237,44 @@ def destroy_process_group(group: Any = None) -> None:
     graveyard.release()
     destroy_own(group)
     return None
+
+
+def _size_and_rank(member: Membership, a: dict) -> tuple[int, int]:
+    """The group's size and this rank's number: as given, else (``env://``, torch's default)
+    ``WORLD_SIZE`` and ``RANK`` from the environment, else the world's."""
+    import os
+
+    env = a["init_method"] is None or str(a["init_method"]).startswith("env://")
+
+    def pick(given: Any, name: str, world: int) -> int:
+        if given not in (None, -1):
+            return int(given)
+        if env and os.environ.get(name, "").strip().lstrip("-").isdigit():
+            return int(os.environ[name])
+        return world
+
+    return pick(a["world_size"], "WORLD_SIZE", member.world_size), \
+        pick(a["rank"], "RANK", member.rank)
+
+
+def _cell_now() -> object:
+    """Which cell this process runs now: a worker's cell number, the notebook's execution
+    count (None outside IPython)."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    if shell is None:
+        return None
+    return getattr(shell, "nbdist_exec_id", None) or shell.execution_count
+
+
+def _end_earlier_group(member: Membership) -> None:
+    """The default group an earlier cell made (and never destroyed, as torchrun-style code
+    does not) ends: a script's next run is a new process without it. In one cell, a second
+    init is torch's error."""
+    if member.rank == 0:
+        print("nbdist: init_process_group ends the default group an earlier cell made and "
+              "left, as that run's end would have", file=sys.stderr)
+    destroy_own()
 
 
 def _world_group_is_default() -> bool:

@@ -1,7 +1,8 @@
 """One rank's part of an ``mp.spawn`` run in a world: ``fn(i, *args)`` as a spawned process runs it.
 
 The notebook pickles ``fn`` and ``args`` with the shipping rules (notebook functions and
-classes by value, their globals mirrored into each rank's own ``__main__``) into a two-line
+classes by value, their globals set in each rank's own ``__main__``, the notebook's values
+replacing the rank's own, as a spawned child runs its parent's module) into a two-line
 ``%%dist`` cell (``cell``); on the worker that cell calls ``run``, which takes the payload out
 of ``__main__`` again and calls ``fn(rank, *args)``. Rank 0 calls ``call`` directly.
 
@@ -10,8 +11,9 @@ process groups from ``fn`` (``patches.hidden_groups``) and gives them back after
 a world without RPC it lets ``fn`` call ``init_rpc`` as a fresh process does (torch's
 per-process RPC counters start from 0 again).
 
-A spawned process ends when its function does, and so does everything it made. A rank of a
-world lives on, so ``call`` ends an RPC agent ``fn`` started and left (non-graceful, as an
+A spawned process ends when its function does, and so does everything it made, its changes to
+the environment (``MASTER_PORT``...) included. A rank of a world lives on, so ``call`` ends
+an RPC agent ``fn`` started and left (non-graceful, as an
 exit), and the default process group ``fn`` made and left behind
 (a torchrun-style function never calls ``destroy_process_group``; a failed one never got
 there), with ``destroy_process_group`` as the user would (nbdist's, in a world: the group is
@@ -24,6 +26,7 @@ would with the process.
 from __future__ import annotations
 
 import base64
+import os
 import pickle
 import sys
 import traceback
@@ -51,10 +54,9 @@ def cell(fn: Callable, args: tuple, generation: int = 0) -> str:
 
 def run() -> None:
     """On a worker, in the cell ``cell`` made: ``fn(rank, *args)``."""
-    import os
-
     blob = mirror.main_namespace().pop(PAYLOAD)
-    fn, args, generation = pickle.loads(base64.b64decode(blob))
+    with mirror.sender_wins():  # the function sees the notebook's globals, as a child its parent's
+        fn, args, generation = pickle.loads(base64.b64decode(blob))
     call(fn, int(os.environ["NBDIST_RANK"]), args, generation)
 
 
@@ -70,6 +72,7 @@ def call(fn: Callable, index: int, args: tuple, generation: int = 0) -> None:
         rref_reset.reset_singleton()
         rpc_barrier.restart()
     before = _default_group()
+    environ = dict(os.environ)  # what fn sets there (MASTER_PORT...) ends with it, as a child's
     try:
         try:
             fn(index, *args)
@@ -81,9 +84,19 @@ def call(fn: Callable, index: int, args: tuple, generation: int = 0) -> None:
                 raise
         _end_what_it_left(before, own_rpc)
     finally:
+        _restore(environ)
         if hidden is not None and not hidden.restore():
             print("nbdist: the spawned function left a default process group that could not "
                   "be ended, so this rank's own group stays hidden", file=sys.stderr)
+
+
+def _restore(environ: dict[str, str]) -> None:
+    """This process's environment as it was before the function ran."""
+    for key in [k for k in os.environ if k not in environ]:
+        del os.environ[key]
+    for key, value in environ.items():
+        if os.environ.get(key) != value:
+            os.environ[key] = value
 
 
 def _end_what_it_left(before: object | None, own_rpc: bool) -> None:

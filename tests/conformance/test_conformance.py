@@ -21,48 +21,11 @@ from .world import WorldSide
 
 pytestmark = [pytest.mark.conformance, pytest.mark.kernel, pytest.mark.timeout(900)]
 
-# cases that still differ, with why (strict: they fail the suite once they pass)
-XFAIL: dict[str, str] = {
-    "init_destroy_twice":
-        "after a torchrun-style env:// group, a spawn's tcp:// group waits for keys that "
-        "never come (DistTimeoutError at the world's timeout)",
-    "init_timeout_without_peer":
-        "a rendezvous timeout raises nbdist's DistTimeoutError, not torch's DistStoreError",
-    "rank_beyond_world_size":
-        "rank >= world_size: torch raises DistNetworkError (at its timeout), a world "
-        "RuntimeError",
-    "group_of_the_first_two":
-        "a group of ranks 0 and 1 of three, after the case before, does not form",
-    "destroy_then_other_size_and_backend":
-        "after destroy, a group of 2 on ranks 1, 2 ('cpu:gloo', tcp://) does not form",
-    "spawn_raises_while_a_peer_inits":
-        "a raising mp.spawn process does not release its peer waiting in init_process_group "
-        "(20 s, the world's timeout; the script fails at once)",
-    "subgroups":
-        "new_subgroups in an RPC world fails where the script's works",
-    "pg_destroy_then_two_of_three":
-        "issue 33 row 2 in a --process-group world: after destroy, init of 2 on two of three "
-        "ranks fails",
-    "pg_after_no_destroy":
-        "after a cell that left its group (torchrun-style code never destroys), the next init"
-        " fails; a script's next run starts clean",
-    "pg_tutorial_setup_cleanup_spawn":
-        "the tutorial's setup()/cleanup() under mp.spawn twice in a --process-group world of "
-        "2 fails",
-    "pg_init_device_mesh":
-        "init_device_mesh in a --process-group world: the cell does not finish",
-}
+# cases that still differ, with why (strict: they fail the suite once they pass); none now
+XFAIL: dict[str, str] = {}
 
-
-# cases that pass in some runs and not in others: a spawned group of 3 or 4 at a rendezvous
-# address earlier cases used sometimes waits 20 s for members that came (suspected: the
-# arrival count at that address left off a multiple of the size by an earlier, failed case)
-FLAKY: dict[str, str] = {
-    "device_mesh_of_a_user_group":
-        "flaky: the user group of 4 sometimes does not form (a member waits 20 s)",
-    "norpc_destroy_then_two_of_three":
-        "flaky: the first group of 3 sometimes does not form (a member waits 20 s)",
-}
+# cases that pass in some runs and not in others, with what they show; none now
+FLAKY: dict[str, str] = {}
 
 
 def _selected(session) -> list:
