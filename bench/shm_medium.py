@@ -5,7 +5,8 @@ of ``nbdist.start(1)``, and a plain torch world of two processes that never impo
 (``_rpc_plain.py``, driven as ``bench/rpc.py`` does) runs beside it. Contenders take turns
 block by block (``--block`` calls each), the order rotating every round:
 
-- **One tensor**: echo of a float32 tensor of 1, 2, 4, 8 and 16 MB to the peer and back.
+- **One tensor**: echo of a float32 tensor of 0.25, 0.5, 1, 2, 4, 8 and 16 MB to the peer and
+  back.
   ``plain torch``; ``nbdist`` as shipped (threshold ``NBDIST_SHM_MIN_KB``, default
   ``shm.DEFAULT_MIN_KB``); ``nbdist, path on`` (threshold 1 byte: the arena carries it at
   every size); ``nbdist, path off`` (threshold above the size: TensorPipe carries it,
@@ -168,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["NBDIST_SHM"] = "1"
     smoke = args.smoke
     rounds = args.rounds or (1 if smoke else 12)
-    sizes, scale = ([1, 2], 0.05) if smoke else ([1, 2, 4, 8, 16], 1.0)
+    sizes, scale = ([1, 2], 0.05) if smoke else ([0.25, 0.5, 1, 2, 4, 8, 16], 1.0)
     out = _common.out_dir(args)
     torch.set_num_threads(1)  # as the plain torch processes do
     t0 = time.monotonic()

@@ -27,8 +27,8 @@ __all__ = ["DEFAULT_MB", "DEFAULT_MIN_KB", "begin", "close_world", "end", "open_
 DEFAULT_MB = 1024  # NBDIST_SHM_MB: each rank's arena (faulted in only as far as it is used)
 DEFAULT_MIN_KB = 2048  # NBDIST_SHM_MIN_KB: smaller tensors go the ordinary way (why this
 # threshold: bench/results/notes.md)
-PACK_MIN = 16 << 10  # a smaller tensor joins a message's span once the message holds min_bytes
-# (why: bench/results/notes.md, bench/shm_many.py)
+PACK_MIN = 1  # from this size a tensor under the threshold joins its message's span once the
+# message met the threshold's bytes (no floor: why in bench/results/notes.md)
 _GROUP_ALIGN = 64
 _THREADED_COPY_MIN = 64 << 20  # a span this large is copied by torch's threads
 
