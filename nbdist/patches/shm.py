@@ -3,9 +3,11 @@
 With this path on, ``shipping``'s tensor reducer is ours: a CPU tensor of at least
 ``min_bytes`` in a message to a rank on this host is copied once into a slot of this rank's
 ``arena.Arena`` and only a small descriptor goes on TensorPipe; the receiver maps the arena and
-gets tensors over the slot, which returns to the sender's pool when the last is freed.
-Everything else (grad, non-CPU, sparse, other hosts, no room) keeps TensorPipe's path; the
-full list is in the README (How it works). ``NBDIST_SHM=0`` turns the path off.
+gets tensors over the slot, which returns to the sender's pool when the last is freed. Once
+a message met ``min_bytes`` of tensors, its smaller CPU tensors join the same slot (a state
+dict or a list of gradients: one span), if those hold ``min_bytes`` too. Everything else
+(grad, non-CPU, sparse, other hosts, no room) keeps TensorPipe's path; the full list is in
+the README (How it works). ``NBDIST_SHM=0`` turns the path off.
 """
 
 from __future__ import annotations
@@ -278,7 +280,8 @@ def _seal(tensors: list, send_tables: list, span: bool = True) -> Any:
     arena = _get_arena() if span else None
     got = arena.alloc(total) if arena is not None else None
     if got is None:  # no room (or not worth a slot): every noted tensor goes the ordinary way
-        _counts["fallback"] += span
+        if span:
+            _counts["fallback"] += 1
         desc: tuple = ("t", [_table_append(send_tables, t) for t in tensors])
     else:
         slot, offset, gen = got
