@@ -76,6 +76,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/slurm.py
 	$(BIN)/python bench/ps_shm.py
 	$(BIN)/python bench/shm_fixed_cost.py
+	$(BIN)/python bench/shm_medium.py
 	$(BIN)/python bench/widgets.py
 	$(BIN)/python bench/views.py
 	$(BIN)/pip install -q --no-deps --upgrade --target .bench-peer jupyter-distributed==0.1.1

@@ -3,8 +3,9 @@
 ``python bench/_rpc_plain.py RANK INIT_URL``. Rank 1 serves until shutdown. Rank 0 prints
 ``ready``, then reads lines ``KIND NBYTES N WINDOW`` from stdin and answers each with one JSON
 list of seconds per call (``bench/_rpc_loops.measure``, function and class by reference);
-``large KIND NBYTES N`` answers the same for ``_rpc_loops.measure_large``; ``quit`` shuts
-the world down.
+``large KIND NBYTES N`` answers the same for ``_rpc_loops.measure_large``; ``many SCALE N``
+for ``N`` echoes of ResNet-50's 161 tensors (``_shapes.resnet50_tensors(SCALE)``); ``quit``
+shuts the world down.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch  # noqa: E402
 import torch.distributed.rpc as rpc  # noqa: E402
 from _echo import EchoBox, echo, held, nbytes_of  # noqa: E402
 from _rpc_loops import measure, measure_large, tensor  # noqa: E402
+from _shapes import resnet50_tensors  # noqa: E402
 
 
 def main(rank: int, init: str, threads: int) -> None:
@@ -33,6 +35,11 @@ def main(rank: int, init: str, threads: int) -> None:
             cmd = line.split()
             if not cmd or cmd[0] == "quit":
                 break
+            if cmd[0] == "many":  # many SCALE N
+                lat = measure_large("echo", "plain1", (echo, nbytes_of, held),
+                                    resnet50_tensors(float(cmd[1])), int(cmd[2]))
+                print(json.dumps(lat), flush=True)
+                continue
             if cmd[0] == "large":  # large KIND NBYTES N
                 lat = measure_large(cmd[1], "plain1", (echo, nbytes_of, held),
                                     tensor(int(cmd[2])), int(cmd[3]))

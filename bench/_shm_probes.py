@@ -17,7 +17,7 @@ from nbdist.patches import arena as arena_mod
 from nbdist.patches import shm
 
 __all__ = ["clear", "echo", "install_probes", "records", "remove_probes", "set_min_bytes",
-           "set_threaded_copy"]
+           "set_pack_bytes", "set_threaded_copy"]
 
 _now = time.monotonic_ns
 _REC: list = []  # (name, start ns, end ns, minor faults during it), this process
@@ -85,6 +85,16 @@ def set_min_bytes(n: int) -> int:
     if cfg is None:
         raise RuntimeError("the shared-memory path is off in this process")
     before, cfg.min_bytes = cfg.min_bytes, n
+    return before
+
+
+def set_pack_bytes(n: int) -> int:
+    """The size from which a smaller tensor joins its message's span in this process (once
+    the message met the threshold's bytes); returns the one before."""
+    cfg = shm._config
+    if cfg is None:
+        raise RuntimeError("the shared-memory path is off in this process")
+    before, cfg.pack_bytes = cfg.pack_bytes, n
     return before
 
 

@@ -44,27 +44,12 @@ from torch import optim
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import _common  # noqa: E402
+from _shapes import resnet50_shapes  # noqa: E402
 
 import nbdist  # noqa: E402
 
 __all__ = ["BatchUpdateParameterServer", "DigitsNet", "ResNet50Shapes", "Trainer", "main",
            "resnet50_shapes"]
-
-
-def resnet50_shapes() -> list[tuple[int, ...]]:
-    """The parameter shapes of torchvision's ``resnet50`` (conv, batch norm weight and
-    bias, fc), from the architecture: bottleneck blocks [3, 4, 6, 3], expansion 4."""
-    shapes: list[tuple[int, ...]] = [(64, 3, 7, 7), (64,), (64,)]
-    inplanes = 64
-    for planes, blocks in ((64, 3), (128, 4), (256, 6), (512, 3)):
-        for b in range(blocks):
-            shapes += [(planes, inplanes, 1, 1), (planes,), (planes,),
-                       (planes, planes, 3, 3), (planes,), (planes,),
-                       (planes * 4, planes, 1, 1), (planes * 4,), (planes * 4,)]
-            if b == 0:
-                shapes += [(planes * 4, inplanes, 1, 1), (planes * 4,), (planes * 4,)]
-            inplanes = planes * 4
-    return shapes + [(1000, 2048), (1000,)]
 
 
 class ResNet50Shapes(nn.Module):

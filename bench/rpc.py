@@ -134,6 +134,13 @@ class Plain:
         self.driver.stdin.flush()
         return json.loads(self.driver.stdout.readline())
 
+    def measure_many(self, scale: float, n: int) -> list[float]:
+        """Seconds per echo of ResNet-50's 161 tensors (``_shapes.resnet50_tensors``)."""
+        assert self.driver.stdin is not None and self.driver.stdout is not None
+        self.driver.stdin.write(f"many {scale} {n}\n")
+        self.driver.stdin.flush()
+        return json.loads(self.driver.stdout.readline())
+
     def stop(self) -> None:
         try:
             if self.driver.poll() is None and self.driver.stdin is not None:

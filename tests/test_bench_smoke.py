@@ -45,6 +45,7 @@ SCRIPTS = {
     "slurm.py": ["slurm.json", "slurm.md"],
     "ps_shm.py": ["ps_shm.json", "ps_shm.md"],
     "shm_fixed_cost.py": ["shm_fixed_cost.json", "shm_fixed_cost.md"],
+    "shm_medium.py": ["shm_medium.json", "shm_medium.md"],
     "widgets.py": ["widgets.json", "widgets.md"],
     "views.py": ["views.json", "views.md"],
     "first_minute.py": ["first_minute.json", "first_minute.md"],

@@ -318,3 +318,122 @@ def test_bounded_what_does_not_fit_goes_the_ordinary_way(world, monkeypatch):
     assert torch.equal(rpc.rpc_sync("worker1", echo, args=(big,)), big)  # 16 MB: over the size
     assert shm.usage()["fallback"] == mine["fallback"] + 1
     assert shm.usage()["faulted"] <= 8 * MB
+
+
+# ------------------------------------------------------ many tensors in one message (issue 35)
+def in_arena(xs):
+    """On the callee: which tensors of ``xs`` lie in a peer's arena mapped here."""
+    spans = [(p.addr, p.addr + p.length) for p in list(shm._peers.values()) if p.addr]
+    return [any(lo <= t.data_ptr() < hi for lo, hi in spans) for t in xs]
+
+
+def mixed_message(seed: int = 0) -> list[torch.Tensor]:
+    """Tensors of every kind in one message (threshold 1 MB): two small ones first (the
+    message has not met 1 MB yet: TensorPipe), one over the threshold, then small and large
+    ones of several dtypes, non-contiguous strides, a zero stride, and views sharing one
+    storage (both over and under the threshold)."""
+    g = torch.Generator().manual_seed(seed)
+    big = torch.randn(512, 1024, generator=g)  # 2 MB
+    shared = torch.randn(300, 200, generator=g).double()  # 480 KB, under
+    return [torch.arange(10, dtype=torch.int64) + seed,  # under, before the mark
+            torch.randn(7, 3, generator=g),  # under, before the mark
+            big,  # over: the message met 1 MB
+            big[::3, 5:900:2],  # a strided view of it
+            big.t(),  # and its transpose
+            shared,
+            shared[10:20, ::7],  # aliasing a storage under the threshold
+            shared.t()[1:],
+            (torch.randn(4, 5, 6, 7, generator=g) * 20).to(torch.int8)
+            .contiguous(memory_format=torch.channels_last),
+            torch.randn(33, generator=g).to(torch.bfloat16),
+            torch.complex(torch.randn(64, generator=g), torch.randn(64, generator=g)),
+            torch.randn(1, generator=g).expand(2048),  # a zero stride
+            torch.rand(5000, generator=g) > 0.5,  # bool
+            torch.randn(1024, 384, generator=g).half()[:, ::2],  # 768 KB storage, strided
+            torch.randn(MB // 2, generator=g)]  # 2 MB, over
+
+
+def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
+def assert_exact(back: list, sent: list) -> None:
+    """Values, dtypes, shapes, strides and storage sharing as sent."""
+    assert len(back) == len(sent)
+    for i, (b, t) in enumerate(zip(back, sent, strict=True)):
+        assert (b.dtype, b.shape, b.stride()) == (t.dtype, t.shape, t.stride()), i
+        assert torch.equal(b, t), i
+        for j in range(i):
+            assert _same_storage(back[j], b) == _same_storage(sent[j], t), (j, i)
+            if _same_storage(sent[j], t):  # the same places of the one storage
+                assert (b.storage_offset() - back[j].storage_offset()
+                        == t.storage_offset() - sent[j].storage_offset()), (j, i)
+
+
+def test_many_mixed_tensors_in_one_message_round_trip_exactly(two):
+    xs = mixed_message()
+    before = shm.usage()
+    back = rpc.rpc_sync("worker1", echo, args=(xs,))
+    assert_exact(back, xs)
+    after, theirs = shm.usage(), rpc.rpc_sync("worker1", usage)
+    assert after["sent"] - before["sent"] == 1, "one span for the whole message"
+    assert theirs["sent"] >= 1 and after["fallback"] == before["fallback"]
+    # on the callee: the first two (before the message met the threshold) came through
+    # TensorPipe, every later one, small or large, through the one span
+    assert rpc.rpc_sync("worker1", in_arena, args=(xs,)) == [False, False] + [True] * 13
+    assert in_arena(back) == [False, False] + [True] * 13  # and so came the reply
+    same, tail00, tr01, _ = rpc.rpc_sync("worker1", aliasing,
+                                         args=(xs[5], xs[5][1:], xs[5].t()))
+    assert same and tail00 == -7.0 and tr01 == -7.0, "a storage under the threshold shared"
+
+
+def test_small_tensors_alone_keep_tensorpipe(two):
+    """A message that never meets the threshold is left as it was: no span, no descriptor."""
+    xs = [torch.randn(64, 64) for _ in range(40)]  # 640 KB in all
+    before = shm.usage()["sent"]
+    back = rpc.rpc_sync("worker1", echo, args=(xs,))
+    assert all(torch.equal(a, b) for a, b in zip(back, xs, strict=True))
+    assert shm.usage()["sent"] == before
+    assert rpc.rpc_sync("worker1", in_arena, args=(xs,)) == [False] * 40
+    # 256 KB each: the 4th meets 1 MB; those from there take a span if they hold 1 MB
+    ys = [torch.randn(256, 256) for _ in range(8)]
+    assert rpc.rpc_sync("worker1", in_arena, args=(ys[:6],)) == [False] * 6
+    assert shm.usage()["sent"] == before
+    assert rpc.rpc_sync("worker1", in_arena, args=(ys,)) == [False] * 3 + [True] * 5
+    assert shm.usage()["sent"] == before + 1
+
+
+def _settled() -> tuple[dict, dict]:
+    """Both arenas' usage once every slot is free again (a callee frees a request's tensors
+    a moment after its reply went)."""
+    got: list = []
+
+    def free() -> bool:
+        got[:] = [shm.usage(), rpc.rpc_sync("worker1", usage, timeout=30)]
+        return got[0]["used"] == 0 and got[1]["used"] == 0
+
+    wait_until(free, 10, "every slot of both arenas to be free")
+    return got[0], got[1]
+
+
+def test_a_thousand_mixed_messages_leave_the_arena_and_descriptors_flat(two):
+    for i in range(3):  # warm: slots carved, peers mapped
+        back = rpc.rpc_sync("worker1", echo, args=(mixed_message(i),))
+    del back
+    mine, theirs = _settled()
+    fds = (open_fds(), rpc.rpc_sync("worker1", open_fds))
+    xs = mixed_message(7)
+    deadline = time.monotonic() + 240
+    for i in range(1000):
+        back = rpc.rpc_sync("worker1", echo, args=(xs,), timeout=60)
+        if i % 100 == 0:
+            assert_exact(back, xs)
+        assert time.monotonic() < deadline, f"1000 messages took over 240 s (at {i})"
+    assert_exact(back, xs)
+    del back
+    mine2, theirs2 = _settled()
+    for key in ("used", "faulted", "slots"):
+        assert (mine2[key], theirs2[key]) == (mine[key], theirs[key]), key
+    assert mine2["sent"] - mine["sent"] == 1000 and theirs2["sent"] - theirs["sent"] >= 1000
+    assert mine2["fallback"] == mine["fallback"]
+    assert (open_fds(), rpc.rpc_sync("worker1", open_fds)) == fds

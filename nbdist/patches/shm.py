@@ -3,9 +3,11 @@
 With this path on, ``shipping``'s tensor reducer is ours: a CPU tensor of at least
 ``min_bytes`` in a message to a rank on this host is copied once into a slot of this rank's
 ``arena.Arena`` and only a small descriptor goes on TensorPipe; the receiver maps the arena and
-gets tensors over the slot, which returns to the sender's pool when the last is freed.
-Everything else (grad, non-CPU, sparse, other hosts, no room) keeps TensorPipe's path; the
-full list is in the README (How it works). ``NBDIST_SHM=0`` turns the path off.
+gets tensors over the slot, which returns to the sender's pool when the last is freed. Once
+a message met ``min_bytes`` of tensors, its smaller CPU tensors join the same slot (a state
+dict or a list of gradients: one span), if those hold ``min_bytes`` too. Everything else
+(grad, non-CPU, sparse, other hosts, no room) keeps TensorPipe's path; the full list is in
+the README (How it works). ``NBDIST_SHM=0`` turns the path off.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ __all__ = ["DEFAULT_MB", "DEFAULT_MIN_KB", "begin", "close_world", "end", "open_
 DEFAULT_MB = 1024  # NBDIST_SHM_MB: each rank's arena (faulted in only as far as it is used)
 DEFAULT_MIN_KB = 2048  # NBDIST_SHM_MIN_KB: smaller tensors go the ordinary way (why this
 # threshold: bench/results/notes.md)
+PACK_MIN = 1  # from this size a tensor under the threshold joins its message's span once the
+# message met the threshold's bytes (no floor: why in bench/results/notes.md)
 _GROUP_ALIGN = 64
 _THREADED_COPY_MIN = 64 << 20  # a span this large is copied by torch's threads
 
@@ -48,6 +52,7 @@ class _Config:
     def __init__(self, cfg: dict, local: set[str], all_local: bool) -> None:
         self.size = cfg["mb"] << 20
         self.min_bytes = cfg["min_kb"] << 10
+        self.pack_bytes = PACK_MIN
         self.local, self.all_local = local, all_local
 
 
@@ -62,12 +67,14 @@ _EMPTY: Any = None
 class _Message:
     """The tensors of one message being pickled, and where its descriptor goes."""
 
-    __slots__ = ("desc_index", "min_bytes", "tensors")
+    __slots__ = ("desc_index", "min_bytes", "noted", "pack_bytes", "seen", "tensors")
 
-    def __init__(self, min_bytes: int) -> None:
-        self.min_bytes = min_bytes
+    def __init__(self, min_bytes: int, pack_bytes: int) -> None:
+        self.min_bytes, self.pack_bytes = min_bytes, pack_bytes
         self.tensors: list = []
         self.desc_index = -1
+        self.seen = 0  # bytes of the tensors met so far (every path)
+        self.noted = 0  # bytes of ``tensors``
 
 
 class _Tls(threading.local):
@@ -164,7 +171,7 @@ def begin(dest: str | None) -> _Message | None:
     if cfg is None or not (cfg.all_local if dest is None else dest in cfg.local):
         _tls.msg = None
     else:
-        _tls.msg = _Message(cfg.min_bytes)
+        _tls.msg = _Message(cfg.min_bytes, cfg.pack_bytes)
     return prev
 
 
@@ -174,26 +181,34 @@ def end(prev: _Message | None, send_tables: list | None) -> None:
     msg = _tls.msg
     _tls.msg = prev
     if msg is not None and msg.tensors and send_tables is not None:
-        send_tables[msg.desc_index] = _seal(msg.tensors, send_tables)
+        send_tables[msg.desc_index] = _seal(msg.tensors, send_tables,
+                                            msg.noted >= msg.min_bytes)
 
 
 def tensor_reducer(orig: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """torch's tensor reducer, or a reference into shared memory for a large CPU tensor."""
+    """torch's tensor reducer, or a reference into shared memory for a CPU tensor of at least
+    ``min_bytes``, or of at least ``PACK_MIN`` once the message met ``min_bytes`` of tensors
+    (a state dict, a list of gradients: one span for most of their bytes)."""
     import torch
 
     strided = torch.strided
 
     def reduce(t: Any) -> Any:
         msg = _tls.msg
-        if (msg is None or t.nbytes < msg.min_bytes or t.requires_grad or t.is_cuda
-                or t.device.type != "cpu" or t.layout is not strided or t.is_quantized
-                or t.is_conj() or t.is_neg()):
+        if msg is None:
+            return orig(t)
+        n = t.nbytes
+        msg.seen += n
+        if ((n < msg.min_bytes and (n < msg.pack_bytes or msg.seen < msg.min_bytes))
+                or t.requires_grad or t.is_cuda or t.device.type != "cpu"
+                or t.layout is not strided or t.is_quantized or t.is_conj() or t.is_neg()):
             return orig(t)
         if msg.desc_index < 0:
             tables = _thread_tables.send_tables
             tables.append(_EMPTY)
             msg.desc_index = len(tables) - 1
         msg.tensors.append(t)
+        msg.noted += n
         return (_receive, (msg.desc_index, len(msg.tensors) - 1))
 
     return reduce
@@ -234,32 +249,39 @@ def _copy(dst: int, storage: Any, lo: int, nbytes: int) -> None:
     _u8(dst, nbytes).copy_(src)
 
 
-def _seal(tensors: list, send_tables: list) -> Any:
-    """Lay the tensors out by storage, copy them into one slot, return the descriptor."""
+def _seal(tensors: list, send_tables: list, span: bool = True) -> Any:
+    """Lay the tensors out by storage, copy them into one slot, return the descriptor; with
+    ``span`` False (too few bytes to be worth a slot) or no room, they go in the table."""
     import torch
 
     groups: dict[int, list] = {}  # storage address -> [storage, lo, hi]
-    spans = []
+    keys = []
     for t in tensors:
         es = t.element_size()
         lo = t.storage_offset() * es
-        hi = lo + (sum((s - 1) * st for s, st in zip(t.shape, t.stride(), strict=True)) + 1) * es
+        if t.is_contiguous():
+            hi = lo + t.nbytes
+        else:
+            hi = lo + (sum((s - 1) * st for s, st in zip(t.shape, t.stride(), strict=True))
+                       + 1) * es
         storage = t.untyped_storage()
-        g = groups.get(storage.data_ptr())
+        key = storage.data_ptr()
+        g = groups.get(key)
         if g is None:
-            groups[storage.data_ptr()] = [storage, lo, hi]
+            groups[key] = [storage, lo, hi]
         else:
             g[1], g[2] = min(g[1], lo), max(g[2], hi)
-        spans.append(storage.data_ptr())
+        keys.append(key)
     layout, total = {}, 0
     for key, g in groups.items():
         g[1] -= g[1] % _GROUP_ALIGN
         layout[key] = (len(layout), total)
         total += -(-(g[2] - g[1]) // _GROUP_ALIGN) * _GROUP_ALIGN
-    arena = _get_arena()
+    arena = _get_arena() if span else None
     got = arena.alloc(total) if arena is not None else None
-    if got is None:  # no room: every noted tensor goes the ordinary way
-        _counts["fallback"] += 1
+    if got is None:  # no room (or not worth a slot): every noted tensor goes the ordinary way
+        if span:
+            _counts["fallback"] += 1
         desc: tuple = ("t", [_table_append(send_tables, t) for t in tensors])
     else:
         slot, offset, gen = got
@@ -275,7 +297,7 @@ def _seal(tensors: list, send_tables: list) -> Any:
         finally:
             arena.written()
         entries = []
-        for t, key in zip(tensors, spans, strict=True):
+        for t, key in zip(tensors, keys, strict=True):
             gi, _ = layout[key]
             es = t.element_size()
             entries.append((gi, str(t.dtype)[6:], tuple(t.shape), t.stride(),
@@ -323,22 +345,6 @@ def _peer(pid: int, fd: int, token: int, length: int) -> PeerArena:
         return peer
 
 
-class _Release:
-    """Gives a slot back when the last tensor storage over it is freed."""
-
-    __slots__ = ("left", "lock", "peer", "slot")
-
-    def __init__(self, peer: PeerArena, slot: int, left: int) -> None:
-        self.peer, self.slot, self.left, self.lock = peer, slot, left, threading.Lock()
-
-    def __call__(self) -> None:
-        with self.lock:
-            self.left -= 1
-            last = self.left == 0
-        if last:
-            self.peer.give_back(self.slot)
-
-
 def _decode(data: bytes, recv: list) -> list:
     import torch
 
@@ -353,31 +359,38 @@ def _decode(data: bytes, recv: list) -> list:
         peer.unpin()
         raise
     peer.hold(slot)
+    fin = None
     try:
         zero_copy = not peer.half_full()
-        bases = []
-        if zero_copy:
-            span = groups[-1][0] + groups[-1][1]
+        if zero_copy:  # one buffer over the span; each storage a view of it; the slot goes
+            span = groups[-1][0] + groups[-1][1]  # back when the last of them is freed
             peer.prefault(offset, span)
-            release = _Release(peer, slot, len(groups))
-            for goff, n in groups:
-                buf = (ctypes.c_char * n).from_address(peer.addr + offset + goff)
-                weakref.finalize(buf, release).atexit = False
-                bases.append(torch.frombuffer(buf, dtype=torch.uint8))
+            buf = (ctypes.c_char * span).from_address(peer.addr + offset)
+            fin = weakref.finalize(buf, peer.give_back, slot)
+            fin.atexit = False
+            bases = [torch.frombuffer(buf, dtype=torch.uint8, count=n, offset=goff)
+                     for goff, n in groups]
+            del buf
         else:
+            bases = []
             for goff, n in groups:
                 base = torch.empty(n, dtype=torch.uint8)
                 _copy(base.data_ptr(), _u8(peer.addr + offset + goff, n).untyped_storage(),
                       0, n)
                 bases.append(base)
     except BaseException:
-        peer.give_back(slot)
+        if fin is None or fin.detach() is not None:
+            peer.give_back(slot)
         raise
     if not zero_copy:
         peer.give_back(slot)
     _counts["zero_copy" if zero_copy else "copied"] += 1
+    storages = [b.untyped_storage() for b in bases]
     out = []
+    dtypes: dict[str, Any] = {}
     for gi, dtype, shape, stride, soff in entries:
-        out.append(torch.empty(0, dtype=getattr(torch, dtype)).set_(
-            bases[gi].untyped_storage(), soff, shape, stride))
+        dt = dtypes.get(dtype)
+        if dt is None:
+            dt = dtypes[dtype] = getattr(torch, dtype)
+        out.append(torch.empty(0, dtype=dt).set_(storages[gi], soff, shape, stride))
     return out
