@@ -36,29 +36,33 @@ from ..proc.channel import HandshakeError, Listener
 from ..proc.launch import describe_exit
 from ..proc.netif import Interface
 from ..proc.protocol import Hello, ProtocolError
+from ..proc.rank_config import RankConfig
 from ..spec import WorldSpec
 from ..telemetry import tracing
 from .ranks import RankInfo
 from .router import Router, StatusLine
 
-__all__ = ["ARRIVED", "REJOIN_KEYS", "Rank0", "StartWatch", "arrival_file", "rejoin_config",
-           "torch_iface", "user_group_file", "worker_config"]
+__all__ = ["ARRIVED", "Rank0", "StartWatch", "arrival_file", "torch_iface", "user_group_file",
+           "worker_config"]
 
 _DEADLINE_SLACK = 0.5  # a torch wait ending this close to the start deadline is its timeout
 
 
 def worker_config(spec: WorldSpec, names: list[str], rank: int, world_dir: str,
-                  socket: str | tuple, key: bytes, epoch: int, store: tuple | None = None,
+                  socket: str | tuple, key: bytes, epoch: int,
+                  group: tuple[str | None, str], store: tuple | None = None,
                   ifname: str = "lo", gpu: Setup | None = None,
-                  share: tuple | None = None) -> dict:
-    """Everything a forked worker needs to become ``rank`` (plain values only).
+                  share: tuple | None = None) -> RankConfig:
+    """Everything a forked worker needs to become ``rank``.
+
+    ``group`` (``rank_config.world_group``) is the default process group's backend and why.
 
     ``share`` (``(NodeShare, k)``: the rank is the k-th of its node in a scheduler's
     allocation) gives it the threads and CPUs of its share of the node (``cpu_share``: its
     agent binds it to its part of the CPUs the step holds), ``LOCAL_RANK`` k and its GPU.
 
     ``gpu`` (the world's ``devices.Setup``) gives the rank its device (``LOCAL_RANK`` and
-    ``NBDIST_DEVICE`` in its environment), the process group's backend and its device maps.
+    ``NBDIST_DEVICE`` in its environment) and its device maps.
 
     In a world with hosts (``store`` given) the rendezvous goes through the notebook's store
     and torch's sockets use ``ifname``; a rank on another host gets ``env_extra`` instead of
@@ -84,23 +88,23 @@ def worker_config(spec: WorldSpec, names: list[str], rank: int, world_dir: str,
             extra.update({"LOCAL_RANK": str(local), "NBDIST_DEVICE": device or "cpu",
                           "OMP_NUM_THREADS": str(threads)})
     rendezvous = _rendezvous(world_dir, epoch, hosted=store is not None)
-    return {
-        "rank": rank, "name": names[rank], "world_size": spec.world_size,
-        "socket": socket, "authkey": key, "cwd": os.getcwd(),
-        "env": env, "env_extra": extra, "path": list(sys.path), "threads": threads,
-        "host": host, "host_ranks": dict(spec.hosts).get(host, 0),
-        "cpu_share": [share[1], share[0].ranks] if share is not None else None,
-        "rpc": spec.rpc, "rpc_init": rendezvous["rpc"], "rpc_timeout": spec.rpc_timeout,
-        "rpc_threads": 16,
-        "process_group": gpu.backend if gpu is not None else spec.group_backend,
-        "device": device, "device_maps": gpu.maps.get(names[rank]) if gpu else None,
-        "pg_init": rendezvous["pg"], "pg_timeout": spec.rpc_timeout,
-        "start_timeout": spec.start_timeout, "epoch": epoch, "store": store,
-        "arrivals": None if store else arrival_file(world_dir, epoch), "arrived": ARRIVED,
-        "shm": shm.world_config(spec.placement(), names, rank) if spec.rpc else None,
-        "user_groups": None if store else user_group_file(world_dir, epoch),
-        "launch_env": launch_env,
-    }
+    backend, why = group
+    return RankConfig(
+        rank=rank, name=names[rank], world_size=spec.world_size,
+        socket=socket, authkey=key, cwd=os.getcwd(),
+        env=env, env_extra=extra, path=list(sys.path), threads=threads,
+        host=host, host_ranks=dict(spec.hosts).get(host, 0),
+        cpu_share=(share[1], share[0].ranks) if share is not None else None,
+        rpc=spec.rpc, rpc_init=rendezvous["rpc"], rpc_timeout=spec.rpc_timeout,
+        rpc_threads=16, process_group=backend, group_why=why,
+        device=device, device_maps=gpu.maps.get(names[rank]) if gpu else None,
+        pg_init=rendezvous["pg"], pg_timeout=spec.rpc_timeout,
+        start_timeout=spec.start_timeout, epoch=epoch, store=store,
+        arrivals=None if store else arrival_file(world_dir, epoch), arrived=ARRIVED,
+        shm=shm.world_config(spec.placement(), names, rank) if spec.rpc else None,
+        user_groups=None if store else user_group_file(world_dir, epoch),
+        launch_env=launch_env,
+    )
 
 
 ARRIVED = "nbdist/arrived/{rank}"  # a worker of a world without RPC is about to join its group
@@ -116,19 +120,6 @@ def user_group_file(world_dir: str, epoch: int) -> str:
     """The store of the groups user code makes with ``init_process_group`` in a local world
     (``patches.process_group``; one per epoch, keys of each group under its own prefix)."""
     return os.path.join(world_dir, f"user-groups-{epoch}")
-
-
-#: What a kept worker takes from a new world's config when it rejoins (``proc.protocol.Rejoin``);
-#: the rest (environment, paths, threads, as its host adapted them) stays as it started.
-REJOIN_KEYS = ("name", "world_size", "socket", "authkey", "rpc", "rpc_init", "rpc_timeout",
-               "process_group", "pg_init", "pg_timeout", "start_timeout", "epoch", "store",
-               "device", "device_maps", "arrivals", "arrived", "shm", "user_groups",
-               "launch_env")
-
-
-def rejoin_config(config: dict) -> dict:
-    """The part of ``worker_config``'s result a kept rank needs to join the new world."""
-    return {k: config[k] for k in REJOIN_KEYS}
 
 
 def _rendezvous(world_dir: str, epoch: int, hosted: bool) -> dict[str, str]:
@@ -232,10 +223,10 @@ class Rank0:
     """The notebook's own membership in a world: joins in an owned thread, leaves at stop."""
 
     def __init__(self, spec: WorldSpec, names: list[str], world_dir: str, epoch: int,
-                 store: Any = None, iface: Interface | None = None,
-                 gpu: Setup | None = None) -> None:
+                 group: tuple[str | None, str], store: Any = None,
+                 iface: Interface | None = None, gpu: Setup | None = None) -> None:
         self.spec, self.names, self.world_dir, self.epoch = spec, names, world_dir, epoch
-        self.backend = gpu.backend if gpu is not None else spec.group_backend
+        self.backend, self.group_why = group  # ``rank_config.world_group``, as the workers'
         self.device = gpu.device(0) if gpu is not None else None  # the plan's; not set here
         self.maps = gpu.maps.get(names[0]) if gpu is not None else None
         self.store = store  # a host world's MemoryStore
@@ -310,10 +301,9 @@ class Rank0:
         else:
             path = user_group_file(self.world_dir, self.epoch)
             make = lambda: dist.FileStore(path, -1)  # noqa: E731
-        why = "--no-rpc" if not self.spec.rpc else f"--process-group {self.backend}"
         process_group.attach(process_group.Membership(
             0, self.spec.world_size, self.names[0], make, self.spec.rpc_timeout,
-            self.backend if self.pg_up else None, why),
+            self.backend if self.pg_up else None, self.group_why),
             own_group=dist.group.WORLD if self.pg_up else None)
 
     def _join_group_only(self, watch: StartWatch) -> None:
