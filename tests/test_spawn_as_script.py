@@ -24,7 +24,7 @@ import os, torch, torch.distributed as dist, torch.distributed.rpc as rpc
 import torch.multiprocessing as mp
 
 def say(line):
-    print(line + "\n", end="", flush=True)  # one write: lines sharing a pipe stay whole
+    print(line + "\\n", end="", flush=True)  # one write: lines sharing a pipe stay whole
 
 def rpc_run(rank, world_size):
     opts = rpc.TensorPipeRpcBackendOptions(init_method="tcp://localhost:PORT")
