@@ -20,18 +20,15 @@ from typing import Any
 from ..devices import Setup
 from ..errors import DistTimeoutError, StartError, WorkerDiedError
 from ..patches import (
-    process_group,
     quiet,
     rpc_hooks,
     rref_reset,
-    shipping,
     shm,
-    thread_states,
     torchrun_env,
     tp_address,
 )
 from ..patches.torch_private import report_once, usable
-from ..proc import nccl
+from ..proc import membership
 from ..proc.channel import HandshakeError, Listener
 from ..proc.launch import describe_exit
 from ..proc.netif import Interface
@@ -253,10 +250,7 @@ class Rank0:
             Router.write("stderr", "nbdist: this torch build hides its RRef context, so RRefs "
                                    "in this notebook may fail after a restart; restart the "
                                    "kernel if they do\n")
-        shipping.install()
-        thread_states.install()
-        rpc_hooks.install_callee()
-        rpc_hooks.install_caller()
+        membership.install_rpc_patches()
         quiet.hide_warnings()
         tracing.install(0, self.names[0])
         if not tp_address.pin(self.address) and tp_address.current() not in (None,
@@ -273,38 +267,30 @@ class Rank0:
 
             store.use(self.store)
         init = _rendezvous(self.world_dir, self.epoch, hosted=self.store is not None)
-        opts = rpc.TensorPipeRpcBackendOptions(init_method=init["rpc"], rpc_timeout=left,
-                                               device_maps=self.maps or None)
         with torch_iface(self.ifname), _gloo_timeout(left):
-            self._in_thread(lambda: rpc.init_rpc(self.names[0], rank=0,
-                                                 world_size=spec.world_size,
-                                                 rpc_backend_options=opts),
-                            watch, "join the RPC world (init_rpc)")
+            membership.join_rpc(self.names[0], 0, spec.world_size, init["rpc"], left,
+                                self.maps, run=self._watched(watch))
             self.rpc_up = True
             if usable("rpc_timeout"):
                 rpc._set_rpc_timeout(spec.rpc_timeout)
-            shipping.register_patched("torch.distributed.rpc", "torch.distributed.rpc.api")
-            shm.open_world(shm.world_config(spec.placement(), self.names, 0))
+            membership.rpc_joined(shm.world_config(spec.placement(), self.names, 0))
             if self.backend:
                 self._join_group(init["pg"], watch)
         self._let_user_groups_in()
 
     def _let_user_groups_in(self) -> None:
-        """User code's ``init_process_group`` here joins this world (``patches.process_group``)."""
+        """User code's ``init_process_group`` here joins this world (``membership``)."""
         import torch.distributed as dist
 
-        if not process_group.install():
-            return
         if self.store is not None:
             hosted = self.store
             make: Callable[[], Any] = lambda: hosted  # noqa: E731
         else:
             path = user_group_file(self.world_dir, self.epoch)
             make = lambda: dist.FileStore(path, -1)  # noqa: E731
-        process_group.attach(process_group.Membership(
-            0, self.spec.world_size, self.names[0], make, self.spec.rpc_timeout,
-            self.backend if self.pg_up else None, self.group_why),
-            own_group=dist.group.WORLD if self.pg_up else None)
+        membership.let_user_groups_in(0, self.spec.world_size, self.names[0], make,
+                                      self.spec.rpc_timeout,
+                                      self.backend if self.pg_up else None, self.group_why)
 
     def _join_group_only(self, watch: StartWatch) -> None:
         """A world without RPC: the process group is all rank 0 joins (no RPC patches, no
@@ -339,15 +325,15 @@ class Rank0:
                                          self.store is not None)["pg"], watch)
 
     def _join_group(self, init_method: str, watch: StartWatch) -> None:
-
-        spec, backend = self.spec, self.backend
-        with nccl.notebook_safe(backend):
-            self._in_thread(lambda: process_group.torch_init(
-                backend, init_method=init_method, rank=0, world_size=spec.world_size,
-                timeout=timedelta(seconds=spec.rpc_timeout),
-                device_id=nccl.device_id(backend, self.device)),
-                watch, "join the process group")
+        assert self.backend is not None
+        membership.join_group(self.backend, init_method, 0, self.spec.world_size,
+                              self.spec.rpc_timeout, self.device, run=self._watched(watch),
+                              notebook=True)
         self.pg_up = True
+
+    def _watched(self, watch: StartWatch) -> membership.Runner:
+        """Rank 0's ``membership.Runner``: each blocking call in a thread it watches."""
+        return lambda fn, what: self._in_thread(fn, watch, what)
 
     def _in_thread(self, fn: Callable[[], Any], watch: StartWatch, what: str) -> None:
         """Run a blocking torch call in a thread while watching the workers and the clock."""
@@ -383,22 +369,12 @@ class Rank0:
         start deadline (its rendezvous and Gloo waits are bounded by it) and the session
         makes the next start wait for it (``Session.settle_joiner``).
         """
-        import torch.distributed.rpc as rpc
-
-        process_group.detach()  # a group user code made and left is ended too
+        # a world without RPC touched none of torch RPC's state: nothing of it to reset
+        membership.leave(group=self.pg_up, rpc_agent=self.rpc_up, reset_rpc=self.spec.rpc)
         if self.pg_up:
-            nccl.leave_group()
             self.pg_up = False
             sys.excepthook = self._excepthook  # else each world adds one more "[rank0]:"
-        shm.close_world()
-        if self.rpc_up:
-            try:
-                rpc.shutdown(graceful=False)
-            except Exception:  # noqa: BLE001
-                pass
-            self.rpc_up = False
-        if self.spec.rpc:  # a world without RPC touched none of torch RPC's state
-            rpc_hooks.reset_world_state()
+        self.rpc_up = False
 
 
 @contextlib.contextmanager

@@ -16,12 +16,11 @@ import signal
 import sys
 import threading
 import traceback
-from datetime import timedelta
 from typing import Any
 
 from ..errors import safe_str
-from ..patches import process_group, quiet, rpc_hooks, shipping, shm, thread_states
-from . import comms, cuda, nccl, shell
+from ..patches import quiet, rpc_hooks
+from . import comms, cuda, membership, shell
 from .channel import Channel, ChannelBlocked, connect
 from .debugger import Debugger
 from .output import ChannelStream, capture_fds
@@ -224,17 +223,13 @@ def _flush_all() -> None:
 
 def _join_world(cfg: RankConfig) -> None:
     import torch
-    import torch.distributed.rpc as rpc
 
     torch.set_num_threads(cfg.threads)
     cuda.take(_rank, cfg.name, cfg.device)  # before any user code runs here
     if not cfg.rpc:
         _join_group_only(cfg)
         return
-    shipping.install()
-    thread_states.install()
-    rpc_hooks.install_callee(after_call=_flush_streams)
-    rpc_hooks.install_caller()
+    membership.install_rpc_patches(after_call=_flush_streams)
     from ..telemetry import tracing
 
     tracing.install(_rank, cfg.name)
@@ -242,32 +237,22 @@ def _join_world(cfg: RankConfig) -> None:
         from . import store
 
         store.use(store.RemoteStore(cfg.store, cfg.authkey, cfg.start_timeout))
-    opts = rpc.TensorPipeRpcBackendOptions(init_method=cfg.rpc_init,
-                                           rpc_timeout=cfg.rpc_timeout,
-                                           num_worker_threads=cfg.rpc_threads,
-                                           device_maps=cfg.device_maps or None)
-    rpc.init_rpc(cfg.name, rank=_rank, world_size=cfg.world_size,
-                 rpc_backend_options=opts)
+    membership.join_rpc(cfg.name, _rank, cfg.world_size, cfg.rpc_init, cfg.rpc_timeout,
+                        cfg.device_maps, threads=cfg.rpc_threads)
     from ..patches import rref_reset
 
     rref_reset.start_ids_at(cfg.epoch)  # RRef ids unlike any of an earlier world
-    shipping.register_patched("torch.distributed.rpc", "torch.distributed.rpc.api")
-    shm.open_world(cfg.shm)
+    membership.rpc_joined(cfg.shm)
     if cfg.process_group:
-        process_group.torch_init(cfg.process_group, init_method=cfg.pg_init, rank=_rank,
-                                 world_size=cfg.world_size,
-                                 timeout=timedelta(seconds=cfg.pg_timeout),
-                                 device_id=nccl.device_id(cfg.process_group,
-                                                          cfg.device))
+        membership.join_group(cfg.process_group, cfg.pg_init, _rank, cfg.world_size,
+                              cfg.pg_timeout, cfg.device)
     _let_user_groups_in(cfg)
 
 
 def _let_user_groups_in(cfg: RankConfig) -> None:
-    """User code's ``init_process_group`` here joins this world (``patches.process_group``)."""
+    """User code's ``init_process_group`` here joins this world (``membership``)."""
     import torch.distributed as dist
 
-    if not process_group.install():
-        return
     if cfg.store:  # a world with hosts: the notebook's store, over its own connection
         from . import store
 
@@ -276,30 +261,15 @@ def _let_user_groups_in(cfg: RankConfig) -> None:
     else:
         def make() -> Any:
             return dist.FileStore(cfg.user_groups, -1)
-    backend = cfg.process_group
-    process_group.attach(process_group.Membership(
-        _rank, cfg.world_size, cfg.name, make, cfg.pg_timeout, backend, cfg.group_why),
-        own_group=dist.group.WORLD if backend else None)
+    membership.let_user_groups_in(_rank, cfg.world_size, cfg.name, make, cfg.pg_timeout,
+                                  cfg.process_group, cfg.group_why)
 
 
 def _leave_world() -> None:
     """Leave this process's RPC world and process group without waiting for any peer, and
     forget the per-process state that would keep it from joining the next one (the same
     reset rank 0 does before each world; ``patches.torch_private`` pins the names)."""
-    import torch.distributed.rpc as rpc
-
-    from ..patches import rref_reset
-
-    rpc_hooks.interrupt_rpc_threads()  # a function still running would hold up the shutdown
-    shm.close_world()
-    process_group.detach()  # a group user code made and left is ended too
-    nccl.leave_group()
-    try:
-        rpc.shutdown(graceful=False)
-    except Exception:  # noqa: BLE001 - not initialised, or its peers gone
-        pass
-    rpc_hooks.reset_world_state()
-    rref_reset.reset_singleton()
+    membership.leave(interrupt=True, reset_rrefs=True)
 
 
 def _start_rejoin(update: RankConfig) -> None:
@@ -357,10 +327,8 @@ def _join_group_only(cfg: RankConfig) -> None:
     if not cfg.store:
         arrivals = dist.FileStore(cfg.arrivals, cfg.world_size)
     arrivals.set(cfg.arrived.format(rank=_rank), "1")  # rank 0 joins once all are here
-    process_group.torch_init(cfg.process_group, init_method=cfg.pg_init, rank=_rank,
-                             world_size=cfg.world_size,
-                             timeout=timedelta(seconds=cfg.pg_timeout),
-                             device_id=nccl.device_id(cfg.process_group, cfg.device))
+    membership.join_group(cfg.process_group, cfg.pg_init, _rank, cfg.world_size,
+                          cfg.pg_timeout, cfg.device)
     _let_user_groups_in(cfg)
 
 
