@@ -20,45 +20,46 @@ from typing import Any
 from ..devices import Setup
 from ..errors import DistTimeoutError, StartError, WorkerDiedError
 from ..patches import (
-    process_group,
     quiet,
     rpc_hooks,
     rref_reset,
-    shipping,
     shm,
-    thread_states,
     torchrun_env,
     tp_address,
 )
 from ..patches.torch_private import report_once, usable
-from ..proc import nccl
+from ..proc import membership
 from ..proc.channel import HandshakeError, Listener
 from ..proc.launch import describe_exit
 from ..proc.netif import Interface
 from ..proc.protocol import Hello, ProtocolError
+from ..proc.rank_config import RankConfig
 from ..spec import WorldSpec
 from ..telemetry import tracing
 from .ranks import RankInfo
 from .router import Router, StatusLine
 
-__all__ = ["ARRIVED", "REJOIN_KEYS", "Rank0", "StartWatch", "arrival_file", "rejoin_config",
-           "torch_iface", "user_group_file", "worker_config"]
+__all__ = ["ARRIVED", "Rank0", "StartWatch", "arrival_file", "torch_iface", "user_group_file",
+           "worker_config"]
 
 _DEADLINE_SLACK = 0.5  # a torch wait ending this close to the start deadline is its timeout
 
 
 def worker_config(spec: WorldSpec, names: list[str], rank: int, world_dir: str,
-                  socket: str | tuple, key: bytes, epoch: int, store: tuple | None = None,
+                  socket: str | tuple, key: bytes, epoch: int,
+                  group: tuple[str | None, str], store: tuple | None = None,
                   ifname: str = "lo", gpu: Setup | None = None,
-                  share: tuple | None = None) -> dict:
-    """Everything a forked worker needs to become ``rank`` (plain values only).
+                  share: tuple | None = None) -> RankConfig:
+    """Everything a forked worker needs to become ``rank``.
+
+    ``group`` (``rank_config.world_group``) is the default process group's backend and why.
 
     ``share`` (``(NodeShare, k)``: the rank is the k-th of its node in a scheduler's
     allocation) gives it the threads and CPUs of its share of the node (``cpu_share``: its
     agent binds it to its part of the CPUs the step holds), ``LOCAL_RANK`` k and its GPU.
 
     ``gpu`` (the world's ``devices.Setup``) gives the rank its device (``LOCAL_RANK`` and
-    ``NBDIST_DEVICE`` in its environment), the process group's backend and its device maps.
+    ``NBDIST_DEVICE`` in its environment) and its device maps.
 
     In a world with hosts (``store`` given) the rendezvous goes through the notebook's store
     and torch's sockets use ``ifname``; a rank on another host gets ``env_extra`` instead of
@@ -84,23 +85,23 @@ def worker_config(spec: WorldSpec, names: list[str], rank: int, world_dir: str,
             extra.update({"LOCAL_RANK": str(local), "NBDIST_DEVICE": device or "cpu",
                           "OMP_NUM_THREADS": str(threads)})
     rendezvous = _rendezvous(world_dir, epoch, hosted=store is not None)
-    return {
-        "rank": rank, "name": names[rank], "world_size": spec.world_size,
-        "socket": socket, "authkey": key, "cwd": os.getcwd(),
-        "env": env, "env_extra": extra, "path": list(sys.path), "threads": threads,
-        "host": host, "host_ranks": dict(spec.hosts).get(host, 0),
-        "cpu_share": [share[1], share[0].ranks] if share is not None else None,
-        "rpc": spec.rpc, "rpc_init": rendezvous["rpc"], "rpc_timeout": spec.rpc_timeout,
-        "rpc_threads": 16,
-        "process_group": gpu.backend if gpu is not None else spec.group_backend,
-        "device": device, "device_maps": gpu.maps.get(names[rank]) if gpu else None,
-        "pg_init": rendezvous["pg"], "pg_timeout": spec.rpc_timeout,
-        "start_timeout": spec.start_timeout, "epoch": epoch, "store": store,
-        "arrivals": None if store else arrival_file(world_dir, epoch), "arrived": ARRIVED,
-        "shm": shm.world_config(spec.placement(), names, rank) if spec.rpc else None,
-        "user_groups": None if store else user_group_file(world_dir, epoch),
-        "launch_env": launch_env,
-    }
+    backend, why = group
+    return RankConfig(
+        rank=rank, name=names[rank], world_size=spec.world_size,
+        socket=socket, authkey=key, cwd=os.getcwd(),
+        env=env, env_extra=extra, path=list(sys.path), threads=threads,
+        host=host, host_ranks=dict(spec.hosts).get(host, 0),
+        cpu_share=(share[1], share[0].ranks) if share is not None else None,
+        rpc=spec.rpc, rpc_init=rendezvous["rpc"], rpc_timeout=spec.rpc_timeout,
+        rpc_threads=16, process_group=backend, group_why=why,
+        device=device, device_maps=gpu.maps.get(names[rank]) if gpu else None,
+        pg_init=rendezvous["pg"], pg_timeout=spec.rpc_timeout,
+        start_timeout=spec.start_timeout, epoch=epoch, store=store,
+        arrivals=None if store else arrival_file(world_dir, epoch), arrived=ARRIVED,
+        shm=shm.world_config(spec.placement(), names, rank) if spec.rpc else None,
+        user_groups=None if store else user_group_file(world_dir, epoch),
+        launch_env=launch_env,
+    )
 
 
 ARRIVED = "nbdist/arrived/{rank}"  # a worker of a world without RPC is about to join its group
@@ -116,19 +117,6 @@ def user_group_file(world_dir: str, epoch: int) -> str:
     """The store of the groups user code makes with ``init_process_group`` in a local world
     (``patches.process_group``; one per epoch, keys of each group under its own prefix)."""
     return os.path.join(world_dir, f"user-groups-{epoch}")
-
-
-#: What a kept worker takes from a new world's config when it rejoins (``proc.protocol.Rejoin``);
-#: the rest (environment, paths, threads, as its host adapted them) stays as it started.
-REJOIN_KEYS = ("name", "world_size", "socket", "authkey", "rpc", "rpc_init", "rpc_timeout",
-               "process_group", "pg_init", "pg_timeout", "start_timeout", "epoch", "store",
-               "device", "device_maps", "arrivals", "arrived", "shm", "user_groups",
-               "launch_env")
-
-
-def rejoin_config(config: dict) -> dict:
-    """The part of ``worker_config``'s result a kept rank needs to join the new world."""
-    return {k: config[k] for k in REJOIN_KEYS}
 
 
 def _rendezvous(world_dir: str, epoch: int, hosted: bool) -> dict[str, str]:
@@ -232,10 +220,10 @@ class Rank0:
     """The notebook's own membership in a world: joins in an owned thread, leaves at stop."""
 
     def __init__(self, spec: WorldSpec, names: list[str], world_dir: str, epoch: int,
-                 store: Any = None, iface: Interface | None = None,
-                 gpu: Setup | None = None) -> None:
+                 group: tuple[str | None, str], store: Any = None,
+                 iface: Interface | None = None, gpu: Setup | None = None) -> None:
         self.spec, self.names, self.world_dir, self.epoch = spec, names, world_dir, epoch
-        self.backend = gpu.backend if gpu is not None else spec.group_backend
+        self.backend, self.group_why = group  # ``rank_config.world_group``, as the workers'
         self.device = gpu.device(0) if gpu is not None else None  # the plan's; not set here
         self.maps = gpu.maps.get(names[0]) if gpu is not None else None
         self.store = store  # a host world's MemoryStore
@@ -262,10 +250,7 @@ class Rank0:
             Router.write("stderr", "nbdist: this torch build hides its RRef context, so RRefs "
                                    "in this notebook may fail after a restart; restart the "
                                    "kernel if they do\n")
-        shipping.install()
-        thread_states.install()
-        rpc_hooks.install_callee()
-        rpc_hooks.install_caller()
+        membership.install_rpc_patches()
         quiet.hide_warnings()
         tracing.install(0, self.names[0])
         if not tp_address.pin(self.address) and tp_address.current() not in (None,
@@ -282,39 +267,30 @@ class Rank0:
 
             store.use(self.store)
         init = _rendezvous(self.world_dir, self.epoch, hosted=self.store is not None)
-        opts = rpc.TensorPipeRpcBackendOptions(init_method=init["rpc"], rpc_timeout=left,
-                                               device_maps=self.maps or None)
         with torch_iface(self.ifname), _gloo_timeout(left):
-            self._in_thread(lambda: rpc.init_rpc(self.names[0], rank=0,
-                                                 world_size=spec.world_size,
-                                                 rpc_backend_options=opts),
-                            watch, "join the RPC world (init_rpc)")
+            membership.join_rpc(self.names[0], 0, spec.world_size, init["rpc"], left,
+                                self.maps, run=self._watched(watch))
             self.rpc_up = True
             if usable("rpc_timeout"):
                 rpc._set_rpc_timeout(spec.rpc_timeout)
-            shipping.register_patched("torch.distributed.rpc", "torch.distributed.rpc.api")
-            shm.open_world(shm.world_config(spec.placement(), self.names, 0))
+            membership.rpc_joined(shm.world_config(spec.placement(), self.names, 0))
             if self.backend:
                 self._join_group(init["pg"], watch)
         self._let_user_groups_in()
 
     def _let_user_groups_in(self) -> None:
-        """User code's ``init_process_group`` here joins this world (``patches.process_group``)."""
+        """User code's ``init_process_group`` here joins this world (``membership``)."""
         import torch.distributed as dist
 
-        if not process_group.install():
-            return
         if self.store is not None:
             hosted = self.store
             make: Callable[[], Any] = lambda: hosted  # noqa: E731
         else:
             path = user_group_file(self.world_dir, self.epoch)
             make = lambda: dist.FileStore(path, -1)  # noqa: E731
-        why = "--no-rpc" if not self.spec.rpc else f"--process-group {self.backend}"
-        process_group.attach(process_group.Membership(
-            0, self.spec.world_size, self.names[0], make, self.spec.rpc_timeout,
-            self.backend if self.pg_up else None, why),
-            own_group=dist.group.WORLD if self.pg_up else None)
+        membership.let_user_groups_in(0, self.spec.world_size, self.names[0], make,
+                                      self.spec.rpc_timeout,
+                                      self.backend if self.pg_up else None, self.group_why)
 
     def _join_group_only(self, watch: StartWatch) -> None:
         """A world without RPC: the process group is all rank 0 joins (no RPC patches, no
@@ -349,15 +325,15 @@ class Rank0:
                                          self.store is not None)["pg"], watch)
 
     def _join_group(self, init_method: str, watch: StartWatch) -> None:
-
-        spec, backend = self.spec, self.backend
-        with nccl.notebook_safe(backend):
-            self._in_thread(lambda: process_group.torch_init(
-                backend, init_method=init_method, rank=0, world_size=spec.world_size,
-                timeout=timedelta(seconds=spec.rpc_timeout),
-                device_id=nccl.device_id(backend, self.device)),
-                watch, "join the process group")
+        assert self.backend is not None
+        membership.join_group(self.backend, init_method, 0, self.spec.world_size,
+                              self.spec.rpc_timeout, self.device, run=self._watched(watch),
+                              notebook=True)
         self.pg_up = True
+
+    def _watched(self, watch: StartWatch) -> membership.Runner:
+        """Rank 0's ``membership.Runner``: each blocking call in a thread it watches."""
+        return lambda fn, what: self._in_thread(fn, watch, what)
 
     def _in_thread(self, fn: Callable[[], Any], watch: StartWatch, what: str) -> None:
         """Run a blocking torch call in a thread while watching the workers and the clock."""
@@ -393,22 +369,12 @@ class Rank0:
         start deadline (its rendezvous and Gloo waits are bounded by it) and the session
         makes the next start wait for it (``Session.settle_joiner``).
         """
-        import torch.distributed.rpc as rpc
-
-        process_group.detach()  # a group user code made and left is ended too
+        # a world without RPC touched none of torch RPC's state: nothing of it to reset
+        membership.leave(group=self.pg_up, rpc_agent=self.rpc_up, reset_rpc=self.spec.rpc)
         if self.pg_up:
-            nccl.leave_group()
             self.pg_up = False
             sys.excepthook = self._excepthook  # else each world adds one more "[rank0]:"
-        shm.close_world()
-        if self.rpc_up:
-            try:
-                rpc.shutdown(graceful=False)
-            except Exception:  # noqa: BLE001
-                pass
-            self.rpc_up = False
-        if self.spec.rpc:  # a world without RPC touched none of torch RPC's state
-            rpc_hooks.reset_world_state()
+        self.rpc_up = False
 
 
 @contextlib.contextmanager

@@ -30,6 +30,7 @@ from ..proc.channel import Listener
 from ..proc.hosts import HostAgent, launcher_argv, start_agents
 from ..proc.launch import Launcher
 from ..proc.protocol import Rejoin, Stop
+from ..proc.rank_config import RankConfig, world_group
 from ..proc.runtime import pid_alive
 from ..spec import WorldSpec
 from ..telemetry import records, tracing
@@ -40,7 +41,7 @@ from .ranks import ClusterState, RankInfo
 from .receiver import Receiver
 from .router import Router
 from .session import SESSION
-from .startup import Rank0, StartWatch, rejoin_config, worker_config
+from .startup import Rank0, StartWatch, worker_config
 
 __all__ = ["World"]
 
@@ -210,19 +211,20 @@ class World:
                                      self.key)
         template.on_exit = self.on_exit
         shares = allocation.rank_shares(spec)
+        group = world_group(spec, self.gpu)  # the default group, the same for every rank
         configs = [worker_config(spec, self.names, r, self.world_dir, self.listener.path,
-                                 self.key, self.epoch, store=store_address,
+                                 self.key, self.epoch, group, store=store_address,
                                  ifname=iface.name if iface else "lo", gpu=self.gpu,
                                  share=shares.get(r))
                    for r in range(1, spec.world_size)]
         for cfg in configs:
-            if cfg["rank"] in kept:
-                info = self.ranks[cfg["rank"]]
+            if cfg.rank in kept:
+                info = self.ranks[cfg.rank]
                 if info.channel is None or not info.alive:
                     raise WorkerDiedError(info.rank, info.name, info.reason(),
                                           "asked to rejoin")
-                info.channel.send(Rejoin(rejoin_config(cfg)))
-        self._spawn_all(template, [c for c in configs if c["rank"] not in kept], watch)
+                info.channel.send(Rejoin(cfg))
+        self._spawn_all(template, [c for c in configs if c.rank not in kept], watch)
         watch.accept_all(self.listener, {r for r in self.ranks if r and r not in kept})
         self.listener.close()  # every rank is in: nothing listens for the rest of the world
         if not self.receiver.started:
@@ -231,7 +233,7 @@ class World:
         self._on_up()
         rpc_hooks.attach(self)
         self.rank0 = Rank0(spec, self.names, self.world_dir, self.epoch,  # type: ignore[arg-type]
-                           store=self.store.store if self.store else None, iface=iface,
+                           group, store=self.store.store if self.store else None, iface=iface,
                            gpu=self.gpu)
         SESSION.settle_joiner(watch.deadline)
         if not spec.rpc:
@@ -289,12 +291,13 @@ class World:
                                    "authentication): use a private network or a tunnel "
                                    "(README: More than one machine)\n")
 
-    def _spawn_all(self, template: Launcher, configs: list[dict], watch: StartWatch) -> None:
+    def _spawn_all(self, template: Launcher, configs: list[RankConfig],
+                   watch: StartWatch) -> None:
         """Fork each rank where it lives: here through the template, elsewhere through its
         host's agent (all asked first, then all waited for)."""
-        by_host: dict[str | None, list[dict]] = {}
+        by_host: dict[str | None, list[RankConfig]] = {}
         for cfg in configs:
-            by_host.setdefault(cfg["host"], []).append(cfg)
+            by_host.setdefault(cfg.host, []).append(cfg)
         if None in by_host:
             template.wait_ready(watch.deadline)
         for host, cfgs in by_host.items():

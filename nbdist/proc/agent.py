@@ -23,6 +23,7 @@ from . import netif
 from .channel import connect
 from .hosts import AGENT_SILENCE, HEARTBEAT
 from .protocol import AgentReady
+from .rank_config import RankConfig
 from .template import preload, serve
 
 __all__ = ["main"]
@@ -45,25 +46,25 @@ def _read_request() -> dict:
     return request
 
 
-def _adapt(config: dict, iface: str) -> dict:
+def _adapt(config: RankConfig, iface: str) -> RankConfig:
     """A config made on the notebook, made right for this host: this host's environment and
     Python path (plus the notebook's entries that exist here), its working directory if it
     exists here, torch's sockets on ``iface``, threads shared among this host's ranks."""
     env = dict(os.environ)
-    env.update(config.get("env_extra") or {})
+    env.update(config.env_extra or {})
     env.update({"TP_SOCKET_IFNAME": iface, "GLOO_SOCKET_IFNAME": iface})
-    per_host = max(int(config.get("host_ranks") or 1), 1)
-    threads = config.get("threads") or max(1, (os.cpu_count() or 1) // per_host)
+    per_host = max(int(config.host_ranks or 1), 1)
+    threads = config.threads or max(1, (os.cpu_count() or 1) // per_host)
     env.setdefault("OMP_NUM_THREADS", str(threads))
-    path = list(sys.path) + [p for p in config.get("path", []) if p and p not in sys.path
+    path = list(sys.path) + [p for p in config.path if p and p not in sys.path
                              and os.path.isdir(p)]
-    cwd = config.get("cwd") or ""
-    return {**config, "env": env, "path": path, "threads": threads,
-            "affinity": _cpus_of(config.get("cpu_share")),
-            "cwd": cwd if os.path.isdir(cwd) else os.path.expanduser("~")}
+    cwd = config.cwd or ""
+    return config.adapted(env=env, path=path, threads=threads,
+                          affinity=_cpus_of(config.cpu_share),
+                          cwd=cwd if os.path.isdir(cwd) else os.path.expanduser("~"))
 
 
-def _cpus_of(share: list | None) -> list[int] | None:
+def _cpus_of(share: tuple[int, int] | None) -> list[int] | None:
     """The CPUs of the k-th of n ranks (``share``: [k, n]): its part of the CPUs this agent
     may use (under SLURM, the CPUs its step holds on the node), as srun binds its tasks;
     None when there are fewer CPUs than ranks (they share them all)."""

@@ -22,6 +22,7 @@ from typing import Protocol, runtime_checkable
 from ..errors import DistTimeoutError, StartError
 from .channel import Channel
 from .protocol import Exit, Exited, Kill, Message, ProtocolError, Spawn, Spawned, TemplateReady
+from .rank_config import RankConfig
 
 __all__ = ["IMPORT_TIME_ENV", "ForkClient", "Launcher", "Template", "describe_exit",
            "import_time_env"]
@@ -91,7 +92,7 @@ class Launcher(Protocol):
     def alive(self) -> bool:
         """Whether it runs and answers (a dead launcher's workers are dead too)."""
 
-    def spawn(self, configs: list[dict], deadline: float) -> dict[int, int]:
+    def spawn(self, configs: list[RankConfig], deadline: float) -> dict[int, int]:
         """Fork one worker per config (``cluster.startup.worker_config``); rank -> pid."""
 
     def kill(self, pids: list[int], sig: int = signal.SIGKILL) -> None:
@@ -135,13 +136,13 @@ class ForkClient:
             raise StartError("the worker template process is not running")
         conn.send(msg)
 
-    def spawn(self, configs: list[dict], deadline: float) -> dict[int, int]:
+    def spawn(self, configs: list[RankConfig], deadline: float) -> dict[int, int]:
         """Fork one worker per config; returns rank -> pid."""
         with self._spawn_cv:
             self._spawned = {}
         for cfg in configs:
             self._send(Spawn(cfg))
-        want = {c["rank"] for c in configs}
+        want = {c.rank for c in configs}
         with self._spawn_cv:
             while not want <= set(self._spawned):
                 if not self.alive():

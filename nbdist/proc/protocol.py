@@ -17,7 +17,10 @@ import io
 import pickle
 import struct
 from dataclasses import dataclass, fields
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from .rank_config import RankConfig
 
 __all__ = [
     "HEADER",
@@ -59,7 +62,7 @@ __all__ = [
     "frame_length",
 ]
 
-VERSION = 1
+VERSION = 2  # 2: ``Spawn`` and ``Rejoin`` carry a ``RankConfig``, not a dict
 HEADER = struct.Struct("!I")
 MAX_FRAME = 256 << 20  # a length beyond this is taken as a broken stream, not a big message
 
@@ -225,12 +228,12 @@ class Stop(Message):
 @_message
 class Rejoin(Message):
     """N→W: leave the current RPC world (and process group) and join the one ``config``
-    describes, keeping this process and its ``__main__`` (``%dist_restart --keep``). Only the
-    joining keys of a worker config travel (``cluster.startup.REJOIN_KEYS``); the worker
-    answers ``Ready`` once it is in, or ``Failed`` and exits."""
+    (a ``RankConfig``) describes, keeping this process, its ``__main__`` and what it started
+    with (``rank_config.STARTED_WITH``; ``%dist_restart --keep``); the worker answers
+    ``Ready`` once it is in, or ``Failed`` and exits."""
 
     TAG: ClassVar[str] = "rejoin"
-    config: dict
+    config: RankConfig
 
 
 # ---- debugging a rank -------------------------------------------------------------------------
@@ -286,10 +289,10 @@ class TemplateReady(Message):
 
 @_message
 class Spawn(Message):
-    """N→T: fork one worker with this configuration (a dict of plain values)."""
+    """N→T: fork one worker with this configuration (a ``RankConfig``)."""
 
     TAG: ClassVar[str] = "spawn"
-    config: dict
+    config: RankConfig
 
 
 @_message

@@ -29,6 +29,7 @@ from .protocol import (
     Spawned,
     TemplateReady,
 )
+from .rank_config import RankConfig
 
 __all__ = ["main", "preload", "serve"]
 
@@ -73,7 +74,7 @@ def main(fd: int, runtime_dir: str) -> None:
         os._exit(0)
 
 
-def serve(chan: Channel, prepare: Callable[[dict], dict] | None = None,
+def serve(chan: Channel, prepare: Callable[[RankConfig], RankConfig] | None = None,
           heartbeat: float | None = None, silence: float | None = None) -> None:
     """Fork workers on ``Spawn``, signal them on ``Kill``, report each exit, until ``Exit``,
     the notebook's end closing, or ``NBDIST_TEMPLATE_IDLE`` seconds without workers; then
@@ -103,8 +104,8 @@ def serve(chan: Channel, prepare: Callable[[dict], dict] | None = None,
             if isinstance(msg, Spawn):
                 config = prepare(msg.config) if prepare else msg.config
                 pid = _fork_worker(chan, config)
-                children[pid] = config["rank"]
-                chan.send(Spawned(config["rank"], pid))
+                children[pid] = config.rank
+                chan.send(Spawned(config.rank, pid))
             elif isinstance(msg, Kill):
                 for pid in msg.pids:
                     if pid in children:  # forked by us and not reaped: cannot be reused
@@ -151,15 +152,15 @@ def _beat(children: dict[int, int], sampler: Sampler) -> Heartbeat:
     return Heartbeat(os.getloadavg()[0], mem, ranks)
 
 
-def _fork_worker(chan: Channel, config: dict) -> int:
+def _fork_worker(chan: Channel, config: RankConfig) -> int:
     """Fork; the child becomes the worker and never returns here, whatever happens."""
     pid = os.fork()
     if pid:
         return pid
     try:
         chan.sock.close()
-        if config.get("affinity"):  # its share of the host's CPUs (proc.agent)
-            os.sched_setaffinity(0, config["affinity"])
+        if config.affinity:  # its share of the host's CPUs (proc.agent)
+            os.sched_setaffinity(0, config.affinity)
         from .worker import run_forked
 
         run_forked(config)

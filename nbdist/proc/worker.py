@@ -16,12 +16,11 @@ import signal
 import sys
 import threading
 import traceback
-from datetime import timedelta
 from typing import Any
 
 from ..errors import safe_str
-from ..patches import process_group, quiet, rpc_hooks, shipping, shm, thread_states
-from . import comms, cuda, nccl, shell
+from ..patches import quiet, rpc_hooks
+from . import comms, cuda, membership, shell
 from .channel import Channel, ChannelBlocked, connect
 from .debugger import Debugger
 from .output import ChannelStream, capture_fds
@@ -44,11 +43,12 @@ from .protocol import (
     Result,
     Stop,
 )
+from .rank_config import RankConfig
 
 __all__ = ["run_forked", "current_channel"]
 
 _channel: Channel | None = None
-_cfg: dict = {}  # this worker's config, its joining keys updated by each ``Rejoin``
+_cfg: RankConfig | None = None  # this worker's config; each ``Rejoin`` brings a new world's
 _rejoining = threading.Lock()  # held while a rejoin thread leaves one world for the next
 _debugger: Debugger = None  # type: ignore[assignment] - set at start-up
 _executing = False
@@ -76,27 +76,27 @@ def _on_sigint(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
 
 
-def run_forked(cfg: dict) -> None:
+def run_forked(cfg: RankConfig) -> None:
     """Entry point in the freshly forked child; never returns."""
     global _channel, _rank, _cfg
-    _rank, _cfg = cfg["rank"], cfg
+    _rank, _cfg = cfg.rank, cfg
     code = 0
     try:
         _die_with_parent()
         signal.signal(signal.SIGINT, _on_sigint)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.chdir(cfg["cwd"])
+        os.chdir(cfg.cwd)
         os.environ.clear()
-        os.environ.update(cfg["env"])
-        sys.path[:] = cfg["path"]
-        sys.argv = [f"nbdist-worker-{cfg['name']}"]
+        os.environ.update(cfg.env)
+        sys.path[:] = cfg.path
+        sys.argv = [f"nbdist-worker-{cfg.name}"]
         main = shell.main_module()  # the IPython shell's namespace (made in the template)
         sys.modules["__main__"] = main
-        _channel = connect(cfg["socket"], cfg["authkey"], timeout=cfg["start_timeout"])
+        _channel = connect(cfg.socket, cfg.authkey, timeout=cfg.start_timeout)
         _channel.send(Hello(_rank, os.getpid()))
         _setup_output(cfg)
         _setup_debugger(cfg)
-        shell.bind(_channel.send, _rank, cfg["name"])
+        shell.bind(_channel.send, _rank, cfg.name)
         comms.install(_channel.send, _rank)  # widgets made here show in the notebook
         if os.environ.get("NBDIST_TEST_STALL_RANK") == str(_rank):  # for the fault tests
             import time
@@ -108,8 +108,8 @@ def run_forked(cfg: dict) -> None:
         _join_world(cfg)
         from ..telemetry import records, tracing
 
-        records.start_worker_flusher(_metrics_outbox, _rank, cfg["name"])
-        tracing.arm(_rank, cfg["name"])
+        records.start_worker_flusher(_metrics_outbox, _rank, cfg.name)
+        tracing.arm(_rank, cfg.name)
         _channel.send(Ready(_rank, os.getpid()))
         _serve(main.__dict__)
     except BaseException:
@@ -158,7 +158,7 @@ class _MetricsOutbox:
 _metrics_outbox = _MetricsOutbox()
 
 
-def _setup_output(cfg: dict) -> None:
+def _setup_output(cfg: RankConfig) -> None:
     assert _channel is not None
     capture_fds(_channel, _rank)
     out = ChannelStream(_channel, _rank, "stdout")
@@ -171,13 +171,13 @@ def _setup_output(cfg: dict) -> None:
     quiet.hide_warnings()  # ...but not torch's per-rank deprecation noise
 
 
-def _setup_debugger(cfg: dict) -> None:
+def _setup_debugger(cfg: RankConfig) -> None:
     """Failures are kept for ``%dist_debug``; ``breakpoint()`` prompts in the notebook."""
     global _debugger
     import pdb
 
     assert _channel is not None
-    _debugger = Debugger(_rank, cfg["name"], _channel.send)
+    _debugger = Debugger(_rank, cfg.name, _channel.send)
     rpc_hooks.set_on_failure(_debugger.remember)
     sys.breakpointhook = _debugger.set_trace
     pdb.set_trace = lambda *a, **k: _debugger.set_trace(sys._getframe(1))
@@ -221,112 +221,82 @@ def _flush_all() -> None:
             pass
 
 
-def _join_world(cfg: dict) -> None:
+def _join_world(cfg: RankConfig) -> None:
     import torch
-    import torch.distributed.rpc as rpc
 
-    torch.set_num_threads(cfg["threads"])
-    cuda.take(_rank, cfg["name"], cfg.get("device"))  # before any user code runs here
-    if not cfg.get("rpc", True):
+    torch.set_num_threads(cfg.threads)
+    cuda.take(_rank, cfg.name, cfg.device)  # before any user code runs here
+    if not cfg.rpc:
         _join_group_only(cfg)
         return
-    shipping.install()
-    thread_states.install()
-    rpc_hooks.install_callee(after_call=_flush_streams)
-    rpc_hooks.install_caller()
+    membership.install_rpc_patches(after_call=_flush_streams)
     from ..telemetry import tracing
 
-    tracing.install(_rank, cfg["name"])
-    if cfg.get("store"):  # a world with hosts: rendezvous through the notebook's store
+    tracing.install(_rank, cfg.name)
+    if cfg.store:  # a world with hosts: rendezvous through the notebook's store
         from . import store
 
-        store.use(store.RemoteStore(cfg["store"], cfg["authkey"], cfg["start_timeout"]))
-    opts = rpc.TensorPipeRpcBackendOptions(init_method=cfg["rpc_init"],
-                                           rpc_timeout=cfg["rpc_timeout"],
-                                           num_worker_threads=cfg["rpc_threads"],
-                                           device_maps=cfg.get("device_maps") or None)
-    rpc.init_rpc(cfg["name"], rank=_rank, world_size=cfg["world_size"],
-                 rpc_backend_options=opts)
+        store.use(store.RemoteStore(cfg.store, cfg.authkey, cfg.start_timeout))
+    membership.join_rpc(cfg.name, _rank, cfg.world_size, cfg.rpc_init, cfg.rpc_timeout,
+                        cfg.device_maps, threads=cfg.rpc_threads)
     from ..patches import rref_reset
 
-    rref_reset.start_ids_at(cfg["epoch"])  # RRef ids unlike any of an earlier world
-    shipping.register_patched("torch.distributed.rpc", "torch.distributed.rpc.api")
-    shm.open_world(cfg.get("shm"))
-    if cfg.get("process_group"):
-        process_group.torch_init(cfg["process_group"], init_method=cfg["pg_init"], rank=_rank,
-                                 world_size=cfg["world_size"],
-                                 timeout=timedelta(seconds=cfg["pg_timeout"]),
-                                 device_id=nccl.device_id(cfg["process_group"],
-                                                          cfg.get("device")))
+    rref_reset.start_ids_at(cfg.epoch)  # RRef ids unlike any of an earlier world
+    membership.rpc_joined(cfg.shm)
+    if cfg.process_group:
+        membership.join_group(cfg.process_group, cfg.pg_init, _rank, cfg.world_size,
+                              cfg.pg_timeout, cfg.device)
     _let_user_groups_in(cfg)
 
 
-def _let_user_groups_in(cfg: dict) -> None:
-    """User code's ``init_process_group`` here joins this world (``patches.process_group``)."""
+def _let_user_groups_in(cfg: RankConfig) -> None:
+    """User code's ``init_process_group`` here joins this world (``membership``)."""
     import torch.distributed as dist
 
-    if not process_group.install():
-        return
-    if cfg.get("store"):  # a world with hosts: the notebook's store, over its own connection
+    if cfg.store:  # a world with hosts: the notebook's store, over its own connection
         from . import store
 
         def make() -> Any:
-            return store.RemoteStore(cfg["store"], cfg["authkey"], cfg["start_timeout"])
+            return store.RemoteStore(cfg.store, cfg.authkey, cfg.start_timeout)
     else:
         def make() -> Any:
-            return dist.FileStore(cfg["user_groups"], -1)
-    backend = cfg.get("process_group") or None
-    why = "--no-rpc" if not cfg.get("rpc", True) else f"--process-group {backend}"
-    process_group.attach(process_group.Membership(
-        _rank, cfg["world_size"], cfg["name"], make, cfg["pg_timeout"], backend, why),
-        own_group=dist.group.WORLD if backend else None)
+            return dist.FileStore(cfg.user_groups, -1)
+    membership.let_user_groups_in(_rank, cfg.world_size, cfg.name, make, cfg.pg_timeout,
+                                  cfg.process_group, cfg.group_why)
 
 
 def _leave_world() -> None:
     """Leave this process's RPC world and process group without waiting for any peer, and
     forget the per-process state that would keep it from joining the next one (the same
     reset rank 0 does before each world; ``patches.torch_private`` pins the names)."""
-    import torch.distributed.rpc as rpc
-
-    from ..patches import rref_reset
-
-    rpc_hooks.interrupt_rpc_threads()  # a function still running would hold up the shutdown
-    shm.close_world()
-    process_group.detach()  # a group user code made and left is ended too
-    nccl.leave_group()
-    try:
-        rpc.shutdown(graceful=False)
-    except Exception:  # noqa: BLE001 - not initialised, or its peers gone
-        pass
-    rpc_hooks.reset_world_state()
-    rref_reset.reset_singleton()
+    membership.leave(interrupt=True, reset_rrefs=True)
 
 
-def _start_rejoin(update: dict) -> None:
+def _start_rejoin(update: RankConfig) -> None:
     """``Rejoin``: leave and join in a thread of its own, so this reader stays free for
     interrupts and a ``Stop`` (which ends the process wherever the rejoin is)."""
     threading.Thread(target=_rejoin, args=(update,), name="nbdist-rejoin",
                      daemon=True).start()
 
 
-def _rejoin(update: dict) -> None:
+def _rejoin(update: RankConfig) -> None:
     """Leave the old world, join the new one under the same rank, say ``Ready``; on failure
     say ``Failed`` with the traceback and exit (the notebook's start then names this rank)."""
     global _cfg
-    assert _channel is not None
+    assert _channel is not None and _cfg is not None
     with _rejoining:
         try:
             _leave_world()
             from ..patches import no_rpc
 
             no_rpc.leave()  # the new world may have RPC; a world without it says so again
-            _cfg = {**_cfg, **update}
-            os.environ["NBDIST_WORLD_SIZE"] = str(_cfg["world_size"])
-            os.environ.update(_cfg.get("launch_env") or {})  # torchrun's, for the new world
+            _cfg = _cfg.rejoined(update)
+            os.environ["NBDIST_WORLD_SIZE"] = str(_cfg.world_size)
+            os.environ.update(_cfg.launch_env)  # torchrun's, for the new world
             _join_world(_cfg)
             from ..telemetry import tracing
 
-            tracing.arm(_rank, _cfg["name"])
+            tracing.arm(_rank, _cfg.name)
             _channel.send(Ready(_rank, os.getpid()))
         except BaseException:  # noqa: BLE001 - reported, then this process ends
             try:
@@ -337,7 +307,7 @@ def _rejoin(update: dict) -> None:
                 os._exit(1)
 
 
-def _join_group_only(cfg: dict) -> None:
+def _join_group_only(cfg: RankConfig) -> None:
     """A world without RPC (``--no-rpc``): the process group is the world (a bare world has
     none); RPC calls here raise ``NoRpcError`` saying so."""
     import torch.distributed as dist
@@ -346,21 +316,19 @@ def _join_group_only(cfg: dict) -> None:
     from ..patches import no_rpc
 
     no_rpc.enter(no_rpc.FLAG if rpc.is_available() else no_rpc.BUILD)
-    if cfg.get("store"):  # a world with hosts: rendezvous through the notebook's store
+    if cfg.store:  # a world with hosts: rendezvous through the notebook's store
         from . import store
 
-        arrivals = store.RemoteStore(cfg["store"], cfg["authkey"], cfg["start_timeout"])
+        arrivals = store.RemoteStore(cfg.store, cfg.authkey, cfg.start_timeout)
         store.use(arrivals)
-    if not cfg.get("process_group"):  # a bare world: no group either, as a spawned process
+    if not cfg.process_group:  # a bare world: no group either, as a spawned process
         _let_user_groups_in(cfg)
         return
-    if not cfg.get("store"):
-        arrivals = dist.FileStore(cfg["arrivals"], cfg["world_size"])
-    arrivals.set(cfg["arrived"].format(rank=_rank), "1")  # rank 0 joins once all are here
-    process_group.torch_init(cfg["process_group"], init_method=cfg["pg_init"], rank=_rank,
-                             world_size=cfg["world_size"],
-                             timeout=timedelta(seconds=cfg["pg_timeout"]),
-                             device_id=nccl.device_id(cfg["process_group"], cfg.get("device")))
+    if not cfg.store:
+        arrivals = dist.FileStore(cfg.arrivals, cfg.world_size)
+    arrivals.set(cfg.arrived.format(rank=_rank), "1")  # rank 0 joins once all are here
+    membership.join_group(cfg.process_group, cfg.pg_init, _rank, cfg.world_size,
+                          cfg.pg_timeout, cfg.device)
     _let_user_groups_in(cfg)
 
 
