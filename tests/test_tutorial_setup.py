@@ -263,21 +263,31 @@ def _env(size: int, rank: int) -> list[str]:
 def test_torchrun_environment_on_every_rank_through_restarts_and_back_after_stop(world,
                                                                                  monkeypatch):
     monkeypatch.setenv("RANK", "user's")
+    monkeypatch.setenv("MASTER_PORT", "12355")
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
-    saved = {k: os.environ.get(k) for k in ENV_KEYS}
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    master = ("MASTER_ADDR", "MASTER_PORT")
+    saved = {k: os.environ.get(k) for k in (*ENV_KEYS, *master)}
     c = world(2)
     for size in (3, 4, 2):  # start, restart, keep-restart (grow, then shrink)
         assert [os.environ.get(k) for k in ENV_KEYS] == _env(size, 0)
         values = c.run(READ_ENV, show=False)
         assert {r: eval(v) for r, v in values.items()} == {r: _env(size, r)  # noqa: S307
                                                          for r in range(1, size)}
+        # torchrun's MASTER_ADDR/MASTER_PORT: the same on every rank, a port nothing holds
+        here = (os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"])
+        assert here[0] == "127.0.0.1" and here[1] != "12355", here
+        got = c.run(f"import os\n[os.environ.get(k) for k in {master!r}]", show=False)
+        assert {tuple(eval(v)) for v in got.values()} == {here}  # noqa: S307
+        pids = [os.getpid(), *c.worker_pids()]
+        assert int(here[1]) not in {port for _, _, port in listening(pids)}
         if size == 3:
             c = c.restart(3)
         elif size == 4:
             c.restart(1, keep=True)
     c.stop()
-    assert {k: os.environ.get(k) for k in ENV_KEYS} == saved  # absent ones removed again
+    assert {k: os.environ.get(k) for k in (*ENV_KEYS, *master)} == saved  # absent: removed
 
 
 def test_new_group_subgroups_and_a_device_mesh_over_a_group_of_its_own_numbering(ipython):

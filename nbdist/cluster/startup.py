@@ -49,10 +49,14 @@ def worker_config(spec: WorldSpec, names: list[str], rank: int, world_dir: str,
                   socket: str | tuple, key: bytes, epoch: int,
                   group: tuple[str | None, str], store: tuple | None = None,
                   ifname: str = "lo", gpu: Setup | None = None,
-                  share: tuple | None = None) -> RankConfig:
+                  share: tuple | None = None,
+                  master: dict[str, str] | None = None) -> RankConfig:
     """Everything a forked worker needs to become ``rank``.
 
     ``group`` (``rank_config.world_group``) is the default process group's backend and why.
+
+    ``master`` (``torchrun_env.master``): ``MASTER_ADDR``/``MASTER_PORT``, the same for every
+    rank.
 
     ``share`` (``(NodeShare, k)``: the rank is the k-th of its node in a scheduler's
     allocation) gives it the threads and CPUs of its share of the node (``cpu_share``: its
@@ -66,7 +70,7 @@ def worker_config(spec: WorldSpec, names: list[str], rank: int, world_dir: str,
     the notebook's environment, and its agent completes the config (``proc.agent``).
     """
     host = spec.placement()[rank]
-    launch_env = torchrun_env.variables(rank, spec.placement())
+    launch_env = {**torchrun_env.variables(rank, spec.placement()), **(master or {})}
     ours = {"NBDIST_RANK": str(rank), "NBDIST_WORLD_SIZE": str(spec.world_size), **launch_env}
     device = gpu.device(rank) if gpu is not None else None
     if host is None:

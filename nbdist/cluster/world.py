@@ -65,6 +65,7 @@ class World:
         self.state = ClusterState.NEW
         self.startup_seconds = 0.0
         self.iface: netif.Interface | None = None
+        self.master: dict[str, str] = {}  # MASTER_ADDR/MASTER_PORT of this world's ranks
         self.world_dir: str | None = None
         self.listener: Listener | None = None
         self.rank0: Rank0 | None = None
@@ -212,10 +213,11 @@ class World:
         template.on_exit = self.on_exit
         shares = allocation.rank_shares(spec)
         group = world_group(spec, self.gpu)  # the default group, the same for every rank
+        self.master = torchrun_env.master(iface.address if iface else "127.0.0.1")
         configs = [worker_config(spec, self.names, r, self.world_dir, self.listener.path,
                                  self.key, self.epoch, group, store=store_address,
                                  ifname=iface.name if iface else "lo", gpu=self.gpu,
-                                 share=shares.get(r))
+                                 share=shares.get(r), master=self.master)
                    for r in range(1, spec.world_size)]
         for cfg in configs:
             if cfg.rank in kept:
@@ -246,7 +248,7 @@ class World:
     def _running(self, since: float) -> None:
         self.state = ClusterState.RUNNING
         self.startup_seconds = time.monotonic() - since
-        torchrun_env.enter(torchrun_env.variables(0, self.spec.placement()))
+        torchrun_env.enter({**torchrun_env.variables(0, self.spec.placement()), **self.master})
         records.set_identity(0, self.names[0])
         if self.spec.rpc:
             tracing.arm(0, self.names[0])

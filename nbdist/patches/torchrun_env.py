@@ -4,22 +4,24 @@ torchrun-style code reads ``int(os.environ["RANK"])`` and the like. Each worker 
 its environment when it starts, and again when a keep-restart gives it a new world; the
 notebook (rank 0) gets them for the world's life (``enter``), and at the end (``leave``)
 every one of them goes back to what it was before, one that was absent is removed.
-``MASTER_ADDR``/``MASTER_PORT`` are not set: nothing should connect to a fixed port, and
-``init_process_group`` finds the world without them (``patches.process_group``).
-``NBDIST_TORCHRUN_ENV=0`` sets none of them.
+``MASTER_ADDR``/``MASTER_PORT`` (``master``) name rank 0's address and a port free there when
+the world starts, the same on every rank, as torchrun's do; nothing of nbdist listens there
+(``init_process_group`` meets through the world's store, ``patches.process_group``), so code
+that opens its own store on them finds the port free. ``NBDIST_TORCHRUN_ENV=0`` sets none.
 """
 
 from __future__ import annotations
 
 import os
+import socket
 
 from ..envflag import switched_on
 
-__all__ = ["FLAG", "KEYS", "enter", "leave", "variables"]
+__all__ = ["FLAG", "KEYS", "enter", "leave", "master", "variables"]
 
 FLAG = "NBDIST_TORCHRUN_ENV"
 KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
-        "ROLE_WORLD_SIZE")
+        "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
 def variables(rank: int, hosts: list[str | None]) -> dict[str, str]:
@@ -35,6 +37,17 @@ def variables(rank: int, hosts: list[str | None]) -> dict[str, str]:
             "LOCAL_RANK": str(local.index(rank)), "LOCAL_WORLD_SIZE": str(len(local)),
             "GROUP_RANK": str(machines.index(host)), "ROLE_RANK": str(rank),
             "ROLE_WORLD_SIZE": str(len(hosts))}
+
+
+def master(address: str) -> dict[str, str]:
+    """``MASTER_ADDR`` (``address``: where the ranks reach rank 0) and ``MASTER_PORT``, a port
+    free on it now; empty when switched off."""
+    if not switched_on(FLAG):
+        return {}
+    with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET) as s:
+        s.bind((address, 0))
+        port = s.getsockname()[1]
+    return {"MASTER_ADDR": address, "MASTER_PORT": str(port)}
 
 
 class _Saved:

@@ -54,19 +54,6 @@ INTENDED: list[Intended] = [
         "world's own group is used)",
         "so that a user who reads `MASTER_PORT` in the code knows why nothing listens there"),
     Intended(
-        "MASTER_ADDR set", True, False,
-        "`MASTER_ADDR` in each rank's environment",
-        "set by `torchrun`",
-        "not set",
-        "a world's groups need no address; code that reads it sets its own, as the tutorials' "
-        "`setup()` does"),
-    Intended(
-        "MASTER_PORT set", True, False,
-        "`MASTER_PORT` in each rank's environment",
-        "set by `torchrun`",
-        "not set",
-        "as `MASTER_ADDR`: no port is needed"),
-    Intended(
         "said", [], r're:\["nbdist: rank 0 \([^)]*\) and the other ranks were interrupted: '
                     r'rank \d+ \([^)]*\) failed first"\]',
         "a rank raises while the others wait (in a rendezvous or a collective)",
