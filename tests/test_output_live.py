@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import io
 import queue
+import re
 import time
 
 import pytest
@@ -65,6 +66,31 @@ def test_worker_prints_inside_rpc_sync_come_before_the_notebooks_next_print(kern
     expected = [x for i in range(500) for x in (f"[worker1] w{i}", f"n{i}")]
     swapped = [(k, a, b) for k, (a, b) in enumerate(zip(lines, expected, strict=False)) if a != b]
     assert len(lines) == 1000 and not swapped, swapped[:5]
+
+
+def test_a_worker_line_never_lands_inside_a_line_the_notebook_is_printing(kernel):
+    """The notebook's ``print`` writes its text and its newline in two calls; a worker's line
+    shown between them would join the notebook's (``n7[worker1] w3``). Both print at once
+    here, and every line must be one or the other's, whole."""
+    both_print = ("def spam(n):\n    for i in range(n):\n        print(f'w{i}')\n    return n\n"
+                  "fut = rpc.rpc_async('worker1', spam, args=(3000,))\n"
+                  "for i in range(3000):\n    print(f'n{i}')\nfut.wait()\n")
+    lines = _stdout(_messages(kernel, both_print)[0]).splitlines()
+    joined = [s for s in lines if not re.fullmatch(r"\[worker1\] w\d+|n\d+", s)]
+    assert not joined, joined[:5]
+    assert sum(s.startswith("n") for s in lines) == 3000, len(lines)
+    assert sum(s.startswith("[worker1] ") for s in lines) == 3000, len(lines)
+
+
+def test_a_line_the_notebook_left_open_ends_before_a_worker_line(kernel):
+    """``print(..., end="")`` left the notebook's line open while a worker printed: the
+    worker's line starts on a line of its own and the notebook's text goes on after it."""
+    msgs, _ = _messages(kernel, (
+        "def say():\n    print('from the worker')\n"
+        "print('waiting...', end='')\n"
+        "rpc.rpc_sync('worker1', say)\n"
+        "print(' done')\n"))
+    assert _stdout(msgs).splitlines() == ["waiting...", "[worker1] from the worker", " done"]
 
 
 def test_progress_lines_show_live_one_per_rank_and_end_as_the_final_state(kernel, tmp_path):

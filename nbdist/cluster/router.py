@@ -34,6 +34,7 @@ from contextlib import contextmanager
 from typing import Any, Protocol
 
 from .aggregate import Aggregator, Held, rank_set
+from .line_guard import watch, write_after
 
 __all__ = ["LiveLine", "RankView", "Router", "StatusLine", "cell_stream", "in_jupyter"]
 
@@ -212,6 +213,7 @@ class Router:
         self._override: bool | None = None  # one cell's (``aggregating``)
         self._expected: frozenset[int] | None = None  # the running cell's ranks
         self._view: RankView | None = None  # takes its ranks' output (``viewing``)
+        self._watch_cell_streams()
 
     # -- merging equal lines of many ranks ----------------------------------------------------
     @property
@@ -433,10 +435,17 @@ class Router:
 
     def new_cell(self) -> None:
         """A new cell began: per-cell limits start over."""
+        self._watch_cell_streams()
         with self._lock:
             for out in self._ranks.values():
                 out.lines = out.chars = 0
                 out.muted = False
+
+    def _watch_cell_streams(self) -> None:
+        """In Jupyter, the kernel's streams tell whether the notebook left a line open."""
+        if self.jupyter:
+            for stream in ("stdout", "stderr"):
+                watch(cell_stream(stream))
 
     # -- reading back -------------------------------------------------------------------------
     def logs(self, rank: int, tail: int | None = 50) -> list[str]:
@@ -471,10 +480,11 @@ class Router:
 
     @staticmethod
     def write(stream: str, text: str) -> None:
-        """Write to the running cell (``cell_stream``)."""
+        """Write to the running cell (``cell_stream``), after the line the notebook's own code
+        may be in the middle of (``line_guard``)."""
         target = cell_stream(stream)
         try:
-            target.write(text)
+            write_after(target, text)
             target.flush()
         except (ValueError, OSError):
             pass

@@ -70,7 +70,7 @@ def _params():
         yield pytest.param(case, id=case.name, marks=marks)
 
 
-@pytest.mark.parametrize("case", _params())
+@pytest.mark.parametrize("case", list(_params()))
 def test_a_world_observes_what_a_script_does(case, runs):
     script, world = runs[case.name]
     for side, run in (("script", script), ("world", world)):
