@@ -33,7 +33,7 @@ from __future__ import annotations
 import inspect
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -60,26 +60,44 @@ class Membership:
     why: str = ""  # what made the world's group ("--process-group gloo"), for messages
 
 
-class _State:
-    torch_init: Any = None  # torch's own functions, once installed
-    torch_destroy: Any = None
+@dataclass
+class _TorchOwn:
+    """torch's own functions, kept once ``install`` put nbdist's in their place: per process."""
+
+    init: Any = None
+    destroy: Any = None
     signature: inspect.Signature | None = None
-    member: Membership | None = None
-    base: Any = None  # the world's store, made on first use
-    said = False  # the one line about ports was printed in this world
+
+
+@dataclass
+class _InWorld:
+    """What this process knows of the world it is in: made by ``attach``, dropped by
+    ``detach`` (a world's end is dropping it)."""
+
+    member: Membership
     own_group: Any = None  # the default group the world made (None: none)
-    borrowed = False  # the user's init took the world's own group
-    made = False  # the default group now is one user code made here
+    base: Any = None  # the world's store, made on first use
+    said: bool = False  # the one line about ports was printed in this world
+    borrowed: bool = False  # the user's init took the world's own group
+    made: bool = False  # the default group now is one user code made here
     made_in: object = None  # the cell that made it (``_cell_now``)
     excepthook: Any = None  # before the user's init (torch wraps it at every init)
-    timeout = 0.0  # the last user group's timeout, seconds
+    timeout: float = 0.0  # the last user group's timeout, seconds
     # the stores of the user groups made in this world: torch keeps only their C++ half, whose
     # methods are the Python object's (new_group, DeviceMesh call them long after the init)
-    stores: list[Any] = []
+    stores: list[Any] = field(default_factory=list)
+
+
+_TORCH_OWN_PER_PROCESS = _TorchOwn()
+_in_world: list[_InWorld] = []  # this process's world, while it is in one (0 or 1 entries)
+
+
+def _world() -> _InWorld | None:
+    return _in_world[0] if _in_world else None
 
 
 def installed() -> bool:
-    return _State.torch_init is not None
+    return _TORCH_OWN_PER_PROCESS.init is not None
 
 
 def install() -> bool:
@@ -92,9 +110,10 @@ def install() -> bool:
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
 
-    _State.torch_init, _State.torch_destroy = c10d.init_process_group, c10d.destroy_process_group
-    _State.signature = inspect.signature(_State.torch_init)
-    mine = {_State.torch_init: init_process_group, _State.torch_destroy: destroy_process_group}
+    own = _TORCH_OWN_PER_PROCESS
+    own.init, own.destroy = c10d.init_process_group, c10d.destroy_process_group
+    own.signature = inspect.signature(own.init)
+    mine = {own.init: init_process_group, own.destroy: destroy_process_group}
     # torch's modules that bound the names at their import (device_mesh's init_device_mesh)
     for module in (dist, c10d, sys.modules.get("torch.distributed.device_mesh")):
         for attr in ("init_process_group", "destroy_process_group"):
@@ -115,8 +134,8 @@ def install_on_import() -> None:
 def torch_init(*args: Any, **kwargs: Any) -> Any:
     """torch's own ``init_process_group`` (for the groups nbdist makes itself)."""
     _name_first_group()
-    if _State.torch_init is not None:
-        return _State.torch_init(*args, **kwargs)
+    if _TORCH_OWN_PER_PROCESS.init is not None:
+        return _TORCH_OWN_PER_PROCESS.init(*args, **kwargs)
     import torch.distributed as dist
 
     return dist.init_process_group(*args, **kwargs)
@@ -125,20 +144,25 @@ def torch_init(*args: Any, **kwargs: Any) -> Any:
 def attach(member: Membership, own_group: Any = None) -> None:
     """This process is now ``member`` of a world; ``own_group``: the default group the world
     made (or None)."""
-    _State.member, _State.own_group = member, own_group
-    _State.base, _State.said, _State.borrowed = None, False, False
+    world, before = _InWorld(member, own_group), _world()
+    if before is not None:  # attached again without a detach: a group user code made stays
+        world.made, world.made_in, world.excepthook = before.made, before.made_in, before.excepthook
+        world.timeout, world.stores = before.timeout, before.stores
+    _in_world[:] = [world]
 
 
 def detach() -> None:
     """The world ends here: a default group user code made in it and left is ended (kept
     alive, as any), and torch's functions behave as torch's again."""
-    if _State.made:
+    world = _world()
+    if world is None:
+        return
+    if world.made:
         destroy_own()
-    close = getattr(_State.base, "close", None)  # a host world's store: its sockets end here
+    close = getattr(world.base, "close", None)  # a host world's store: its sockets end here
     if close is not None:
         close()
-    _State.member = _State.own_group = _State.base = None
-    _State.borrowed, _State.stores = False, []
+    _in_world.clear()
 
 
 def _world_groups(group: Any) -> list[Any]:
@@ -160,67 +184,67 @@ def destroy_own(group: Any = None) -> None:
 
     if not dist.is_initialized():
         return
-    graveyard.bury(_world_groups(group), max(_State.timeout, _member_timeout()))
-    if _State.torch_destroy is not None:
-        _State.torch_destroy(group)
+    world = _world()
+    graveyard.bury(_world_groups(group),
+                   max(world.timeout, world.member.timeout) if world is not None else 1800.0)
+    if _TORCH_OWN_PER_PROCESS.destroy is not None:
+        _TORCH_OWN_PER_PROCESS.destroy(group)
     else:
         dist.destroy_process_group(group)
-    if group is None or group is dist.group.WORLD or not dist.is_initialized():
-        _State.made = False
-        if _State.excepthook is not None:
-            sys.excepthook, _State.excepthook = _State.excepthook, None
-
-
-def _member_timeout() -> float:
-    return _State.member.timeout if _State.member is not None else 1800.0
+    if world is not None and (group is None or group is dist.group.WORLD
+                              or not dist.is_initialized()):
+        world.made = False
+        if world.excepthook is not None:
+            sys.excepthook, world.excepthook = world.excepthook, None
 
 
 def init_process_group(*args: Any, **kwargs: Any) -> None:
     """torch's ``init_process_group``; in a world, through the world's store (module doc)."""
-    member = _State.member
-    assert _State.signature is not None
-    if member is None:
-        return _State.torch_init(*args, **kwargs)
+    own, world = _TORCH_OWN_PER_PROCESS, _world()
+    assert own.signature is not None
+    if world is None:
+        return own.init(*args, **kwargs)
     import torch.distributed as dist
 
-    bound = _State.signature.bind(*args, **kwargs)
+    member = world.member
+    bound = own.signature.bind(*args, **kwargs)
     bound.apply_defaults()
     a = bound.arguments
     if a["store"] is not None:  # the user made a store: theirs to keep
-        return _State.torch_init(**a)
+        return own.init(**a)
     size, rank = _size_and_rank(member, a)
     _check(member, size)
     if _world_group_is_default():
         if _matches(member, a["backend"], rank, size):
-            _borrow(member)
+            _borrow(world)
             return None
         _end_world_group()  # a script has no group before its own: this rank's world group goes
-    if dist.is_initialized() and _State.made and _State.made_in != _cell_now():
+    if dist.is_initialized() and world.made and world.made_in != _cell_now():
         _end_earlier_group(member)  # a script run again starts clean
     if dist.is_initialized():  # the user's own group, still up: torch's "twice" error
-        return _State.torch_init(**a)
+        return own.init(**a)
     graveyard.release()
-    if _State.base is None:
-        _State.base = member.store()
+    if world.base is None:
+        world.base = member.store()
     timeout = a["timeout"] or timedelta(seconds=member.timeout)
-    meeting = rendezvous.Meeting(_State.base, _PREFIX, rendezvous.name(a["init_method"]),
+    meeting = rendezvous.Meeting(world.base, _PREFIX, rendezvous.name(a["init_method"]),
                                  size, timeout.total_seconds())
-    _say_once(member, a["init_method"])
+    _say_once(world, a["init_method"])
     hook = sys.excepthook
     _name_first_group()
     a.update(init_method=None, store=meeting.store, rank=rank, world_size=size, timeout=timeout)
     try:
         meeting.meet_rank0(rank, timeout.total_seconds())
-        _State.torch_init(**a)
+        own.init(**a)
     except BaseException as exc:
         meeting.leave()  # the next try meets the others under fresh keys
         _name_first_group()
         if isinstance(exc, Exception):
             raise _explain(exc, member, rank, size, timeout) from exc
         raise
-    _State.made, _State.made_in = True, _cell_now()
-    _State.stores.append(meeting.store)
-    _State.excepthook, _State.timeout = hook, timeout.total_seconds()
+    world.made, world.made_in = True, _cell_now()
+    world.stores.append(meeting.store)
+    world.excepthook, world.timeout = hook, timeout.total_seconds()
     return None
 
 
@@ -229,8 +253,8 @@ def destroy_process_group(group: Any = None) -> None:
     The world's own group, while it is the default, is ended on this rank like any other."""
     import torch.distributed as dist
 
-    if not dist.is_initialized() and _State.torch_destroy is not None:
-        return _State.torch_destroy(group)  # torch's own error
+    if not dist.is_initialized() and _TORCH_OWN_PER_PROCESS.destroy is not None:
+        return _TORCH_OWN_PER_PROCESS.destroy(group)  # torch's own error
     if (group is None or group is dist.group.WORLD) and _world_group_is_default():
         _end_world_group()
         return None
@@ -280,14 +304,17 @@ def _end_earlier_group(member: Membership) -> None:
 def _world_group_is_default() -> bool:
     import torch.distributed as dist
 
-    return _State.own_group is not None and dist.is_initialized() \
-        and dist.group.WORLD is _State.own_group
+    world = _world()
+    return world is not None and world.own_group is not None and dist.is_initialized() \
+        and dist.group.WORLD is world.own_group
 
 
 def _end_world_group() -> None:
     """This rank's part of the world's own group ends (kept alive underneath, graveyard):
     from here on the rank has no default group, as a script's process before its first."""
-    _State.own_group, _State.borrowed = None, False
+    world = _world()
+    if world is not None:
+        world.own_group, world.borrowed = None, False
     destroy_own()
 
 
@@ -323,21 +350,22 @@ def _matches(member: Membership, backend: Any, rank: int, size: int) -> bool:
         and wanted == member.backend
 
 
-def _borrow(member: Membership) -> None:
+def _borrow(world: _InWorld) -> None:
     """The world already made the default group this call asks for: it is taken as the
     user's (their ``destroy_process_group`` ends it on this rank)."""
-    if not _State.borrowed and member.rank == 0 and not _State.said:
-        _State.said = True
+    member = world.member
+    if not world.borrowed and member.rank == 0 and not world.said:
+        world.said = True
         print(f"nbdist: init_process_group takes this world's own process group "
               f"({member.why}) as it is: same ranks, same backend, no port opened",
               file=sys.stderr)
-    _State.borrowed = True
+    world.borrowed = True
 
 
-def _say_once(member: Membership, init_method: Any) -> None:
-    if member.rank != 0 or _State.said:
+def _say_once(world: _InWorld, init_method: Any) -> None:
+    if world.member.rank != 0 or world.said:
         return
-    _State.said = True
+    world.said = True
     how = f"init_method={init_method!r}" if init_method else "env://"
     print(f"nbdist: init_process_group joins this world's private rendezvous instead of "
           f"{how}: no port is opened (an address names the rendezvous only)", file=sys.stderr)
