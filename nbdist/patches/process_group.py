@@ -38,7 +38,8 @@ from datetime import timedelta
 from typing import Any
 
 from ..envflag import switched_on
-from . import graveyard, on_import, rendezvous, torch_private
+from ..groups import graveyard, rendezvous
+from . import on_import, torch_private
 
 __all__ = ["FLAG", "Membership", "attach", "destroy_own", "detach", "install",
            "install_on_import", "installed", "torch_init"]

@@ -238,13 +238,13 @@ PRIVATES: tuple[Private, ...] = (
     # no_rpc: what _require_initialized's wrapper asks, answered with NoRpcError (patches.no_rpc)
     Private("no_rpc", _API, "_require_initialized", _arity(1)),
     Private("no_rpc", _API, "_is_current_rpc_agent_set", _arity(0)),
-    # process_group: every group a destroy_process_group() ends, kept alive (patches.graveyard)
+    # process_group: every group a destroy_process_group() ends, kept alive (groups.graveyard)
     Private("process_group", "torch.distributed.distributed_c10d", "_world.pg_map", _is(dict)),
     # ... and the per-process count that names a default group (a failed init leaves it up)
     Private("process_group", "torch.distributed.distributed_c10d", "_world.group_count",
             _is(int)),
     # hidden_groups: torch's books on this process's groups, emptied while a spawned
-    # function runs and filled again after (patches.hidden_groups)
+    # function runs and filled again after (spawn.hidden_groups)
     *(Private("hidden_groups", _C10D, f"_world.{book}", _is(dict))
       for book in ("pg_names", "pg_group_ranks", "pg_backend_config", "pg_to_tag",
                    "tags_to_pg", "pg_coalesce_state")),

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..envflag import switched_on
-from . import on_import
+from ..patches import on_import
 
 __all__ = ["DECLINE", "ENV", "attach", "install", "installed", "original"]
 

@@ -7,7 +7,7 @@ replacing the rank's own, as a spawned child runs its parent's module) into a tw
 of ``__main__`` again and calls ``fn(rank, *args)``. Rank 0 calls ``call`` directly.
 
 A spawned process starts with no process group and no RPC agent: ``call`` hides the rank's
-process groups from ``fn`` (``patches.hidden_groups``) and gives them back afterwards, and in
+process groups from ``fn`` (``spawn.hidden_groups``) and gives them back afterwards, and in
 a world without RPC it lets ``fn`` call ``init_rpc`` as a fresh process does (torch's
 per-process RPC counters start from 0 again).
 
@@ -32,7 +32,10 @@ import sys
 import traceback
 from collections.abc import Callable
 
-from ..patches import hidden_groups, mirror, no_rpc, rpc_barrier, rpc_hooks, rref_reset, shipping
+from ..patches import no_rpc, rpc_barrier, rpc_hooks, rref_reset
+from ..shipping import own_main
+from ..shipping import pickler as shipping
+from ..spawn import hidden_groups
 
 __all__ = ["PAYLOAD", "call", "cell", "run"]
 
@@ -49,13 +52,13 @@ def cell(fn: Callable, args: tuple, generation: int = 0) -> str:
     spawn number ``generation``; a traceback shows only its second line."""
     blob = base64.b64encode(shipping.dumps((fn, args, generation))).decode("ascii")
     return (f"{PAYLOAD} = {blob!r}\n"
-            f"__import__('nbdist.proc.spawned', fromlist=['run']).run()\n")
+            f"__import__('nbdist.spawn.one_rank', fromlist=['run']).run()\n")
 
 
 def run() -> None:
     """On a worker, in the cell ``cell`` made: ``fn(rank, *args)``."""
-    blob = mirror.main_namespace().pop(PAYLOAD)
-    with mirror.sender_wins():  # the function sees the notebook's globals, as a child its parent's
+    blob = own_main.main_namespace().pop(PAYLOAD)
+    with own_main.sender_wins():  # the notebook's globals, as a child's
         fn, args, generation = pickle.loads(base64.b64decode(blob))
     call(fn, int(os.environ["NBDIST_RANK"]), args, generation)
 
