@@ -1,26 +1,14 @@
 """One rank's part of an ``mp.spawn`` run in a world: ``fn(i, *args)`` as a spawned process runs it.
 
-The notebook pickles ``fn`` and ``args`` with the shipping rules (notebook functions and
-classes by value, their globals set in each rank's own ``__main__``, the notebook's values
-replacing the rank's own, as a spawned child runs its parent's module) into a two-line
-``%%dist`` cell (``cell``); on the worker that cell calls ``run``, which takes the payload out
-of ``__main__`` again and calls ``fn(rank, *args)``. Rank 0 calls ``call`` directly.
+The notebook pickles ``fn`` and ``args`` by the shipping rules into a two-line ``%%dist`` cell
+(``cell``); on the worker that cell calls ``run``, which takes them out of ``__main__`` and calls
+``fn(rank, *args)``. Rank 0 calls ``call`` directly.
 
-A spawned process starts with no process group and no RPC agent: ``call`` hides the rank's
-process groups from ``fn`` (``spawn.hidden_groups``) and gives them back afterwards, and in
-a world without RPC it lets ``fn`` call ``init_rpc`` as a fresh process does (torch's
-per-process RPC counters start from 0 again).
-
-A spawned process ends when its function does, and so does everything it made, its changes to
-the environment (``MASTER_PORT``...) included. A rank of a world lives on, so ``call`` ends
-an RPC agent ``fn`` started and left (non-graceful, as an
-exit), and the default process group ``fn`` made and left behind
-(a torchrun-style function never calls ``destroy_process_group``; a failed one never got
-there), with ``destroy_process_group`` as the user would (nbdist's, in a world: the group is
-kept until freeing it cannot freeze the process, so a peer still waiting in a collective with
-this rank fails at the group's timeout). When ``fn`` raised, the locals of its finished frames
-are cleared first (file and line stay for the traceback): its model and tensors go, as they
-would with the process.
+``call`` gives ``fn`` what a spawned process has: no process group (the rank's are hidden by
+``spawn.hidden_groups``) and, in a world without RPC, leave to ``init_rpc`` anew. A rank lives on
+after ``fn``, so ``call`` then ends what the process's exit would: its changes to the environment,
+an RPC agent it left (non-graceful), the default group it left (with ``destroy_process_group``, so
+the group is kept until freeing it is safe) and, when ``fn`` raised, its finished frames' locals.
 """
 
 from __future__ import annotations
