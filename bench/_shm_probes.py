@@ -1,8 +1,8 @@
 """Timing probes around the shared-memory path's steps, for ``shm_fixed_cost.py``.
 
 Imported by reference in every rank (a rank's ``__main__`` cannot hold them: wrapped
-functions do not travel by value). ``install_probes`` wraps ``patches/shm.py``'s and
-``patches/arena.py``'s steps in this process; ``records`` are ``(name, start ns, end ns,
+functions do not travel by value). ``install_probes`` wraps ``shm/transport.py``'s and
+``shm/arena.py``'s steps in this process; ``records`` are ``(name, start ns, end ns,
 minor faults)`` on ``time.monotonic_ns``, one clock for every process of a host.
 """
 
@@ -13,8 +13,8 @@ import resource
 import time
 from typing import Any
 
-from nbdist.patches import arena as arena_mod
-from nbdist.patches import shm
+from nbdist.shm import arena as arena_mod
+from nbdist.shm import transport as shm
 
 __all__ = ["clear", "echo", "install_probes", "records", "remove_probes", "set_min_bytes",
            "set_pack_bytes", "set_threaded_copy"]

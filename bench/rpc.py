@@ -265,7 +265,7 @@ def large_rounds(quick: bool | str, rounds: int) -> dict:
 def render_large(large: dict, heading: str = "##", large_run: str = "",
                  load: float | None = None) -> list[str]:
     """The large-tensor table: GB/s best and median, nbdist against plain and the floor."""
-    lines = [f"{heading} Large tensors (shared-memory path, `nbdist/patches/shm.py`)", "",
+    lines = [f"{heading} Large tensors (shared-memory path, `nbdist/shm/transport.py`)", "",
              "GB/s (bytes moved per second; an echo counts both directions), best of N "
              "calls and median. Copy floor: the same bytes copied with `Tensor.copy_` into "
              "memory allocated beforehand, in one process (twice for an echo), same run. "

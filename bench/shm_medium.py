@@ -50,7 +50,7 @@ from _shm_probes import set_min_bytes, set_pack_bytes  # noqa: E402
 from rpc import Plain  # noqa: E402
 
 import nbdist  # noqa: E402
-from nbdist.patches import shm  # noqa: E402
+from nbdist.shm import transport as shm  # noqa: E402
 
 __all__ = ["MANY", "ONE", "main", "many_tensors", "one_tensor", "render"]
 

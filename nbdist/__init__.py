@@ -10,7 +10,6 @@ from typing import Any
 
 from . import linux  # noqa: F401  first: on another platform, one line instead of a failure later
 from .cluster import Cluster, current, release_hosts, start, stop
-from .cluster import spawn as _spawn
 from .cluster.router import in_jupyter as _in_jupyter
 from .errors import (
     CellInterrupted,
@@ -25,6 +24,7 @@ from .errors import (
     WorkerDiedError,
 )
 from .patches import process_group as _process_group
+from .spawn import in_world as _spawn
 from .telemetry.events import events
 from .telemetry.records import clear_history, export_history, history, history_frame, log
 from .telemetry.tracing import rpc_stats

@@ -1,18 +1,10 @@
 """Every exception nbdist raises, in one place.
 
-Hierarchy::
-
-    NbdistError                  base of everything nbdist raises on purpose
-    ├── ClusterStateError        no world is running, or one already is
-    ├── StartError               a world could not be started (names the rank and why)
-    ├── WorkerDiedError          a rank died; says how (exit code or signal)
-    ├── DistTimeoutError         a wait ran past its deadline; names rank and what it waited for
-    ├── NoRpcError               an RPC call in a world started without torch RPC (``--no-rpc``)
-    └── RemoteError              code raised on a worker; carries the remote traceback
-        ├── DistCellError        a ``%%dist`` cell failed on one or more ranks
-        └── DistCallError        a view's call failed on some ranks; ``.results`` has the rest
-    KeyboardInterrupt
-    └── CellInterrupted          Ctrl-C stopped a ``%%dist`` cell: where each rank was
+``NbdistError`` is the base of everything nbdist raises on purpose: ``ClusterStateError``,
+``StartError``, ``WorkerDiedError``, ``DistTimeoutError``, ``NoRpcError``, and ``RemoteError``
+(code raised on a worker, with its traceback) with its subclasses ``DistCellError`` (a ``%%dist``
+cell) and ``DistCallError`` (a view's call; ``.results`` has the rest). ``CellInterrupted``
+(Ctrl-C stopped a ``%%dist`` cell) is a ``KeyboardInterrupt`` instead.
 
 User mistakes made through magics become ``IPython.core.error.UsageError`` in ``magics.py``;
 the same mistakes through the Python API raise ``ValueError`` with the same message.

@@ -11,8 +11,8 @@ import types
 
 import cloudpickle
 
-from nbdist.patches import shipping
-from nbdist.patches.code_filename import reduce_code
+from nbdist.shipping import pickler as shipping
+from nbdist.shipping.code_filename import reduce_code
 
 CELL = "<ipython-input-7-0123456789ab>"
 SOURCE = ("def explode(x):\n"

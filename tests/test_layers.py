@@ -16,9 +16,9 @@ PKG = Path(__file__).resolve().parent.parent / "nbdist"
 LAYERS = {
     "devices": 0, "envflag": 0, "errors": 0, "linux": 0, "spec": 0, "table": 0,
     "tracebacks": 0,
-    "patches": 1, "telemetry": 1,
+    "patches": 1, "shipping": 1, "shm": 1, "groups": 1, "telemetry": 1,
     "proc": 2,
-    "cluster": 3,
+    "cluster": 3, "spawn": 3,
     "magics": 4, "join": 4, "display": 4, "parallel": 4, "tutorials": 4, "__init__": 4,
 }
 
@@ -174,7 +174,7 @@ def test_the_circle_finder_finds_circles():
 # -- imports by name --------------------------------------------------------------------------
 #: Modules that import by a computed name, and why (never an nbdist module).
 BY_NAME_ALLOWED = {
-    "patches/shipping.py": "a user's module, named by the pickle that refers to it",
+    "shipping/pickler.py": "a user's module, named by the pickle that refers to it",
     "patches/torch_private.py": "torch's own modules, named in its table of private names",
 }
 

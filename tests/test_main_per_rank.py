@@ -394,7 +394,7 @@ def test_a_twins_digest_follows_its_source_not_its_bytecode():
     import ast
     import linecache
 
-    from nbdist.patches import twins
+    from nbdist.shipping import per_rank
 
     src = ("import torch.nn as nn\n"
            "class Table(nn.Module):\n"
@@ -411,7 +411,7 @@ def test_a_twins_digest_follows_its_source_not_its_bytecode():
             tree = ast.parse(text)
             for body in ([tree.body] if whole else [[node] for node in tree.body]):
                 exec(compile(ast.Module(body, []), name, "exec"), ns)
-            keys[name] = twins.class_key(ns["Table"])
+            keys[name] = per_rank.class_key(ns["Table"])
     finally:
         for name in ("<twin-whole>", "<twin-parts>", "<twin-other>"):
             linecache.cache.pop(name, None)

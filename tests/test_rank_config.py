@@ -9,7 +9,7 @@ import os
 import pytest
 
 from nbdist.cluster.startup import worker_config
-from nbdist.patches import torchrun_env
+from nbdist.groups import torchrun_env
 from nbdist.proc import agent, protocol
 from nbdist.proc.rank_config import STARTED_WITH, RankConfig, world_group
 from nbdist.proc.scheduler import NodeShare

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from kernel_helpers import kernel_with_world
 
-from nbdist.cluster.rich import RichOutput
+from nbdist.cluster.rich_output import RichOutput
 from nbdist.proc.protocol import (
     DisplayChunk,
     DisplayData,

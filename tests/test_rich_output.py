@@ -13,7 +13,7 @@ import base64
 import pytest
 from conftest import WORLD_KINDS
 
-from nbdist.cluster.rich import render_grid
+from nbdist.cluster.rich_output import render_grid
 from nbdist.errors import DistCellError
 from nbdist.proc.protocol import ClearOutput, DisplayData, decode, encode
 

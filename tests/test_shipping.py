@@ -147,7 +147,7 @@ def test_submodule_scan_is_cached_but_still_correct(monkeypatch):
 
     import cloudpickle
 
-    from nbdist.patches import shipping
+    from nbdist.shipping import pickler as shipping
 
     ns = {"__name__": "__main__"}  # as in a notebook cell
     exec("import concurrent\ndef f():\n    return concurrent.futures.ThreadPoolExecutor\n", ns)

@@ -1,4 +1,4 @@
-"""Large tensors between local ranks through the shared-memory arena (``patches/shm.py``):
+"""Large tensors between local ranks through the shared-memory arena (``shm/transport.py``):
 values, dtypes, strides and aliasing kept, what keeps TensorPipe's path, slots of a killed rank
 taken back, no growth over many calls, nothing left after stop, and the switch that turns it
 off. Real worlds, real RPC."""
@@ -15,7 +15,7 @@ import torch.distributed.autograd as dist_autograd
 import torch.distributed.rpc as rpc
 from conftest import wait_until
 
-from nbdist.patches import shm
+from nbdist.shm import transport as shm
 
 MB = 1 << 20
 DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8,

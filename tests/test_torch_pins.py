@@ -205,7 +205,8 @@ from torch.distributed.rpc import api, internal
 pickler = internal._internal_rpc_pickler
 before = (api.rpc_sync, internal._run_function, pickler.serialize, pickler.deserialize,
           api._invoke_rpc_python_udf, api._to_worker_info)
-from nbdist.patches import rpc_hooks, shipping, thread_states
+from nbdist.patches import rpc_hooks, thread_states
+from nbdist.shipping import pickler as shipping
 from nbdist.telemetry import tracing
 shipping.install(); thread_states.install(); rpc_hooks.install_caller()
 rpc_hooks.install_callee(); rpc_hooks.reset_world_state(); tracing.install(0, "agent")

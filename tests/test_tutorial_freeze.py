@@ -2,7 +2,7 @@
 
 torch's Gloo group destructor joins its threads holding the GIL while one of them may want
 it; freeing a DDP model right after ``destroy_process_group()`` froze plain torch about 4
-runs in 10 here (``patches.graveyard``). Real kernel, real workers, another process keeping a
+runs in 10 here (``groups.graveyard``). Real kernel, real workers, another process keeping a
 core busy; plus destroy with work in flight and a model outliving its group (in-process).
 """
 
@@ -18,7 +18,7 @@ import torch.distributed as dist
 from test_tutorial_setup import RANK, TUTORIAL, _local, ddp_warm  # noqa: F401 - its fixture
 
 import nbdist
-from nbdist.patches import graveyard
+from nbdist.groups import graveyard
 
 LOOPS = 100
 
@@ -44,7 +44,7 @@ def test_destroy_then_free_a_hundred_times_in_one_kernel_while_a_core_is_busy(ke
         # seconds may still be kept (how many depends on the machine's speed), so let them
         # settle and release once more: then no more than CAP may remain.
         time.sleep(graveyard.SETTLE + 0.2)
-        rep = kernel.execute("from nbdist.patches import graveyard as _grave\n_grave.release()")
+        rep = kernel.execute("from nbdist.groups import graveyard as _grave\n_grave.release()")
         assert rep.status == "ok", rep
         kept = kernel.value("_grave.kept()")
         assert kept <= graveyard.CAP, kept

@@ -20,7 +20,7 @@ from .comms import CommRelay
 from .debug import DebugDesk
 from .hints import where_defined
 from .ranks import RankInfo
-from .rich import RichOutput
+from .rich_output import RichOutput
 from .router import Router, StatusLine
 
 __all__ = ["Cells"]

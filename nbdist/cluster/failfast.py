@@ -3,7 +3,7 @@ cell (the spawn) on every rank.
 
 While rank 0 runs its part (on any thread), a watcher looks at the workers' results every
 ``EVERY`` seconds. When a worker raised or its process ended, rank 0's rendezvous waits give up
-(``patches.rendezvous.abandon``), rank 0's own part is interrupted (its KeyboardInterrupt is a
+(``groups.rendezvous.abandon``), rank 0's own part is interrupted (its KeyboardInterrupt is a
 consequence, so it is not shown; one line says why) and so are the other workers' parts.
 ``run_with_local`` interrupts the workers itself where rank 0 failed first.
 """
@@ -17,7 +17,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from ..patches import rendezvous
+from ..groups import rendezvous
 
 __all__ = ["EVERY", "FailFast"]
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from ..patches import mirror
+from ..shipping import own_main
 
 __all__ = ["where_defined"]
 
@@ -20,7 +20,7 @@ def where_defined(error_type: str | None, message: str | None) -> str:
     if error_type != "NameError" or not message:
         return ""
     found = _UNDEFINED.search(message)
-    if found is None or found.group(1) not in mirror.main_namespace():
+    if found is None or found.group(1) not in own_main.main_namespace():
         return ""
     name = found.group(1)
     return (f"nbdist: {name!r} is defined in the notebook (rank 0) only; `%%dist --local` "

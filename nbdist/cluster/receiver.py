@@ -35,7 +35,7 @@ from ..telemetry import records, timing, tracing  # noqa: F401 - their internal-
 from .cells import Cells
 from .debug import DebugDesk
 from .ranks import RankInfo
-from .rich import RichOutput
+from .rich_output import RichOutput
 from .router import Router
 
 __all__ = ["Receiver"]

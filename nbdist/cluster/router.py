@@ -1,25 +1,15 @@
 """Worker output in the notebook: rank-led lines, live progress lines, logs, flood limits.
 
-``Router.feed`` gets each rank's text as it arrives and:
-
-- writes complete lines as ``[name] line`` to the running cell (``cell_stream``: in a
-  Jupyter kernel the kernel's own stream, even while the user's code redirects
-  ``sys.stdout``; elsewhere the current stdout/stderr); a line rewritten with ``\\r``
-  shows as it ends up;
-- shows an unfinished line that is being rewritten with ``\\r`` (tqdm, hand-made progress)
-  as one *live line* per rank, updated in place (a display handle in Jupyter, a ``\\r`` line
-  in a terminal) at most every ``LIVE_EVERY`` seconds; it ends as one line with the final
-  state. Other unfinished lines are written after ``PARTIAL_WAIT`` seconds of silence;
-- keeps everything: a tail of ``TAIL_LINES`` lines per rank in memory and the full log per
-  rank in a file of the world's runtime directory (``logs``);
-- stops echoing a rank that printed more than ``limit_lines`` lines or ``limit_bytes``
-  characters in one cell, saying once where the rest is (``%dist_logs``);
-- with ``aggregate`` on, shows a line that several ranks print at once only once, led by
-  the set of ranks (``cluster.aggregate`` holds the rule; the logs keep every rank's line),
-  except from a rank printing more than ``FLOOD_RATE`` lines a second (shown as printed);
-- within ``viewing(view)``, hands the text of the ranks ``view.takes`` to ``view`` instead of
-  the flat stream (a tab per rank, ``%%dist --tabs``), and tells it when a rank's cell ended
-  (``finished``); logs and tails are kept as always.
+``Router.feed`` gets each rank's text as it arrives. Complete lines go to the running cell as
+``[name] line`` (``cell_stream``: in Jupyter the kernel's own stream, even while user code
+redirects ``sys.stdout``). A line rewritten with ``\\r`` (tqdm) is one live line per rank, updated
+in place at most every ``LIVE_EVERY`` seconds; other unfinished lines go out after
+``PARTIAL_WAIT`` seconds of silence. Each rank's tail (``TAIL_LINES``) stays in memory and its full
+log in the world's runtime directory (``logs``); a rank past ``limit_lines`` or ``limit_bytes`` in
+one cell stops echoing and says once where the rest is (``%dist_logs``). With ``aggregate``, a line
+several ranks print at once shows once, led by the rank set (``cluster.aggregate``), except from a
+rank printing over ``FLOOD_RATE`` lines a second. Within ``viewing(view)``, the ranks
+``view.takes`` go to ``view`` (``%%dist --tabs``) instead of the flat stream.
 """
 
 from __future__ import annotations

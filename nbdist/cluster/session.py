@@ -2,16 +2,13 @@
 runtime directory, the join agents, and the counters worlds draw from (the current world
 itself is ``core.Cluster``'s to keep).
 
-Interpreter exit (atexit) removes the runtime directory first (what a kill would leave),
-then stops the template, which SIGKILLs every worker it forked, then runs ``on_exit`` (where
-``core`` stops the current world).
-Displays register their own exit handler later, so it runs before this one (LIFO).
-
-Prewarm: ``%load_ext nbdist`` (and ``import nbdist`` inside a Jupyter kernel) launch the
-template, which imports torch in its own process, and import torch's RPC here on the
-session's ``Warmup`` thread (``Session.prewarm``, which returns at once), so the first
-``%dist_start`` finds both done; ``NBDIST_PREWARM=0`` turns it off. The template exits with the
-notebook, or after ``NBDIST_TEMPLATE_IDLE`` seconds (default 600) without workers.
+At interpreter exit it removes the runtime directory, stops the template (which SIGKILLs every
+worker it forked), then runs ``on_exit`` (``core`` stops the current world); displays' exit
+handlers, registered later, run before it. Prewarm (``%load_ext nbdist``, or ``import nbdist`` in a
+Jupyter kernel; ``Session.prewarm`` returns at once) launches the template, which imports torch
+in its own process, and imports torch's RPC here on the ``Warmup`` thread; ``NBDIST_PREWARM=0``
+turns it off. The template exits with the notebook, or after ``NBDIST_TEMPLATE_IDLE`` seconds
+(default 600) without workers.
 """
 
 from __future__ import annotations

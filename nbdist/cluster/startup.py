@@ -19,14 +19,8 @@ from typing import Any
 
 from ..devices import Setup
 from ..errors import DistTimeoutError, StartError, WorkerDiedError
-from ..patches import (
-    quiet,
-    rpc_hooks,
-    rref_reset,
-    shm,
-    torchrun_env,
-    tp_address,
-)
+from ..groups import torchrun_env
+from ..patches import quiet, rpc_hooks, rref_reset, tp_address
 from ..patches.torch_private import report_once, usable
 from ..proc import membership
 from ..proc.channel import HandshakeError, Listener
@@ -34,6 +28,7 @@ from ..proc.launch import describe_exit
 from ..proc.netif import Interface
 from ..proc.protocol import Hello, ProtocolError
 from ..proc.rank_config import RankConfig
+from ..shm import transport as shm
 from ..spec import WorldSpec
 from ..telemetry import tracing
 from .ranks import RankInfo

@@ -7,7 +7,7 @@ The warm template process outlives worlds, so it gets a row too (rank ``-``, nam
 ``template``) when its pid is passed to ``collect_status``. In a world on GPUs each rank's
 device and torch's memory on it (allocated / reserved, asked of the rank by RPC; rank 0's only
 if the notebook initialised CUDA itself) join the row, and the GPU's utilisation where NVML
-(``pynvml``) is installed. Where large tensors travel through shared memory (``patches/shm``)
+(``pynvml``) is installed. Where large tensors travel through shared memory (``shm/transport``)
 each local rank's arena shows as MB in use / faulted in (asked of the rank by RPC).
 """
 
@@ -170,7 +170,7 @@ def _gpu_columns(cluster: Any, rows: list[dict], timeout: float = 2.0) -> None:
 def _shm_column(cluster: Any, rows: list[dict], timeout: float = 2.0) -> bool:
     """Each local rank's shared-memory arena in use / faulted in (MB); False when the path
     is off in this world."""
-    from ..patches import shm
+    from ..shm import transport as shm
 
     if shm.usage() is None:
         return False

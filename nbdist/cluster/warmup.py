@@ -2,17 +2,12 @@
 ``%load_ext nbdist`` returns at once and the first ``%dist_start`` finds it done.
 
 Contract: ``start`` returns at once (once per process); nothing in the caller's thread imports
-torch. The thread lets ``PAUSE`` pass first: loading torch's libraries holds the GIL for a
-while, which should not hold up the reply of the cell that started it. A cell that imports
-torch meanwhile waits on Python's import lock for what is left of the import, no longer:
-the thread imports ``torch`` itself first, so it holds no lock of a submodule while it waits
-for another thread's ``import torch``. A thread that imports a submodule first (``import
-torch.nn``) while torch's body runs here would run that submodule beside it, half-imported
-(Python waits only for the module it is asked for): a cell that names torch waits for
-``wait`` before it runs (``%load_ext`` registers that).
-``close`` (interpreter exit) waits a moment for the thread: an import under way cannot be
-stopped, only left to end with the process. ``imported(name)`` says whether a module is in
-``sys.modules`` and done (not half-imported by some thread).
+torch. The thread lets ``PAUSE`` pass first (the starting cell's reply goes out before the import
+holds the GIL), then imports ``torch`` itself before any submodule. A cell that imports torch
+meanwhile waits for the rest of the import; a cell that names torch waits for ``wait`` before it
+runs (``%load_ext`` registers that), as Python would run its submodule beside a half-imported
+torch. ``close`` (interpreter exit) waits a moment: an import under way cannot be stopped.
+``imported(name)`` says whether a module is in ``sys.modules`` and done.
 """
 
 from __future__ import annotations

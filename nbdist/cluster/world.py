@@ -24,7 +24,8 @@ from typing import Any
 
 from .. import devices
 from ..errors import DistTimeoutError, StartError, WorkerDiedError
-from ..patches import graveyard, no_rpc, rpc_hooks, torchrun_env
+from ..groups import graveyard, torchrun_env
+from ..patches import no_rpc, rpc_hooks
 from ..proc import cuda, nccl, netif
 from ..proc.channel import Listener
 from ..proc.hosts import HostAgent, launcher_argv, start_agents

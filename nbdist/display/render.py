@@ -2,14 +2,12 @@
 
 Nothing here knows about widgets, kernels or clusters. Figures are ``matplotlib.figure.Figure``
 objects with an Agg canvas, never pyplot: safe from a background thread, and the notebook's
-backend is left alone. The data shapes:
-
-- ``series``: ``{key: {rank: curve}}``, a curve ``(steps, values)`` or, downsampled,
-  ``(steps, values, mean steps, running mean)`` (``display.collect.Envelope``); ``names``:
-  ``{rank: name}``;
-- ``samples``: ``(wall time, caller, callee, function, latency s, bytes)`` (``tracing.samples``);
-- ``rows``: ``cluster.status.collect_status`` rows; ``timings``: ``{"observers", "mode",
-  "seconds"}`` dicts (``display.record_timing``).
+backend is left alone. Data shapes: ``series`` ``{key: {rank: curve}}``, a curve ``(steps,
+values)`` or, downsampled, ``(steps, values, mean steps, running mean)``
+(``display.collect.Envelope``); ``names`` ``{rank: name}``; ``samples`` ``(wall time, caller,
+callee, function, latency s, bytes)`` (``tracing.samples``); ``rows``
+``cluster.status.collect_status`` rows; ``timings`` ``{"observers", "mode", "seconds"}`` dicts
+(``display.record_timing``).
 """
 
 from __future__ import annotations

@@ -159,7 +159,8 @@ def _run_in_new_world(func: Callable[..., Any], args: tuple, kwargs: dict,
                       rpc_backend_options: Any) -> Any:
     import torch.distributed.rpc as rpc
 
-    from ..patches import quiet, shipping, thread_states, torch_private
+    from ..patches import quiet, thread_states, torch_private
+    from ..shipping import pickler as shipping
 
     info = get_world_info()
     tmp = None

@@ -1,5 +1,4 @@
-"""Pinned changes to torch.distributed.rpc and torch's entry points a notebook needs, and the
-by-value shipping of notebook code and large tensors (README, Layout, lists each module).
-"""
+"""Pinned changes to torch's own functions (torch.distributed.rpc, process groups, logging),
+each checked against the private names it needs (``torch_private``; README, Layout)."""
 
 __all__: list[str] = []

@@ -1,31 +1,16 @@
 """``init_process_group`` and ``destroy_process_group`` called by user code on a rank of a world.
 
-The tutorials' ``setup()`` sets ``MASTER_ADDR``/``MASTER_PORT`` and calls
-``init_process_group(backend, rank=r, world_size=n)``: under torch that opens a TCP store on a
-fixed port (two notebooks collide, and it listens on every interface). Inside a world
-(``attach`` .. ``detach``) the call joins a group through the world's own private store
-instead, whatever ``init_method`` says (``env://``, ``tcp://``, ``file://``): no port is
-opened, and one line on rank 0 says so, once per world. Otherwise the calls behave as in a
-script (torch's own errors included):
-
-- Members that name the same rendezvous and size meet, whatever their world ranks; each
-  group gets fresh keys (``rendezvous``).
-- Where the world made the default group itself (``--process-group``, ``--no-rpc``), a call
-  asking for exactly that group (same rank, size and backend) takes it, as torchrun-style
-  code expects; any other call ends it on this rank first, as if it had never been. The
-  user's ``destroy_process_group()`` ends the default group whoever made it: afterwards
-  ``is_initialized()`` is False and a later call makes any group.
-- A default group an earlier cell made and left (torchrun-style code never destroys it) is
-  ended by the next ``init_process_group``, as a script's next run starts without it.
-- A group larger than the world raises ``ValueError`` at once (its members could never all
-  come).
-- ``destroy_process_group`` keeps each destroyed group alive (``graveyard``), so no later free
-  of a model that still holds it can freeze the process.
-- A user group waits at most the world's timeout (``--rpc-timeout``) unless the call gives
-  one; a rank that waited in vain says which rank and what for.
-
-``NBDIST_PATCH_PROCESS_GROUP=0`` leaves torch's functions alone. nbdist's own groups are made
-and ended through ``torch_init`` and ``destroy_own``.
+Inside a world (``attach`` .. ``detach``) ``init_process_group`` joins through the world's private
+store whatever ``init_method`` says, so no port is opened (torch's TCP store on a fixed port
+collides between notebooks and listens on every interface); rank 0 says so once per world.
+Otherwise the calls act as in a script, torch's errors included: members naming the same
+rendezvous and size meet (``rendezvous``); a default group the world made (``--process-group``)
+is taken by a call asking for exactly it and ended by any other, one an earlier cell left is
+ended by the next call; ``destroy_process_group`` ends the default group whoever made it and keeps
+destroyed groups alive (``graveyard``); a group larger than the world raises ``ValueError``; a
+user group waits at most ``--rpc-timeout`` unless the call gives a timeout.
+``NBDIST_PATCH_PROCESS_GROUP=0`` leaves torch's functions alone; nbdist's own groups go through
+``torch_init`` and ``destroy_own``.
 """
 
 from __future__ import annotations
@@ -38,7 +23,8 @@ from datetime import timedelta
 from typing import Any
 
 from ..envflag import switched_on
-from . import graveyard, on_import, rendezvous, torch_private
+from ..groups import graveyard, rendezvous
+from . import on_import, torch_private
 
 __all__ = ["FLAG", "Membership", "attach", "destroy_own", "detach", "install",
            "install_on_import", "installed", "torch_init"]

@@ -15,7 +15,7 @@ import ctypes
 import sys
 from functools import lru_cache
 
-from .elf import elf_symbols, libtorch_cpu
+from .elf_symbols import elf_symbols, libtorch_cpu
 
 __all__ = ["available", "restart"]
 

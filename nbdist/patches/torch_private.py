@@ -1,19 +1,13 @@
 """Every private torch name nbdist patches or reads, looked up once, here.
 
-torch.distributed.rpc is in maintenance mode upstream, but its private names still move
-between releases. Each name nbdist relies on is listed in ``PRIVATES`` with the feature that
-needs it, a check of its shape, and the torch versions it was verified on (by the test
-suite, ``make test TORCH=X`` or ``make test-fast TORCH=X``: the README's table says which).
-``problems()`` looks them all up once per process;
-``%load_ext nbdist`` prints one line per feature that cannot work on the torch at hand, naming
-what degrades ("Ctrl-C does not stop ... on torch 2.16.0"), or, when torch is not imported
-yet then (``%load_ext`` stays instant), the first world start does, before it patches
-anything. The patch modules ask ``usable``
-before they patch, so a missing or reshaped name turns one feature off instead of crashing
-the start, and never patches something whose shape nbdist does not know.
-
-``tests/test_torch_pins.py`` pins this list, and checks that every private name the package's
-source reaches into is listed here.
+torch's RPC is in maintenance mode upstream, but its private names still move between releases.
+``PRIVATES`` lists each name nbdist relies on with the feature that needs it, a check of its shape
+and the torch versions it was verified on (the README's table). ``problems()`` looks them all up
+once per process; ``%load_ext nbdist`` (or, while torch is not imported yet, the first world
+start) prints one line per feature that cannot work on the torch at hand. Patch modules ask
+``usable`` before they patch, so a missing or reshaped name turns one feature off instead of
+crashing the start. ``tests/test_torch_pins.py`` pins this list and checks that every private
+name the package's source reaches into is listed here.
 """
 
 from __future__ import annotations
@@ -238,13 +232,13 @@ PRIVATES: tuple[Private, ...] = (
     # no_rpc: what _require_initialized's wrapper asks, answered with NoRpcError (patches.no_rpc)
     Private("no_rpc", _API, "_require_initialized", _arity(1)),
     Private("no_rpc", _API, "_is_current_rpc_agent_set", _arity(0)),
-    # process_group: every group a destroy_process_group() ends, kept alive (patches.graveyard)
+    # process_group: every group a destroy_process_group() ends, kept alive (groups.graveyard)
     Private("process_group", "torch.distributed.distributed_c10d", "_world.pg_map", _is(dict)),
     # ... and the per-process count that names a default group (a failed init leaves it up)
     Private("process_group", "torch.distributed.distributed_c10d", "_world.group_count",
             _is(int)),
     # hidden_groups: torch's books on this process's groups, emptied while a spawned
-    # function runs and filled again after (patches.hidden_groups)
+    # function runs and filled again after (spawn.hidden_groups)
     *(Private("hidden_groups", _C10D, f"_world.{book}", _is(dict))
       for book in ("pg_names", "pg_group_ranks", "pg_backend_config", "pg_to_tag",
                    "tags_to_pg", "pg_coalesce_state")),

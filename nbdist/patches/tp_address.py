@@ -16,7 +16,7 @@ import ipaddress
 import sys
 from functools import lru_cache
 
-from .elf import elf_symbols, libtorch_cpu
+from .elf_symbols import elf_symbols, libtorch_cpu
 
 __all__ = ["current", "pin"]
 

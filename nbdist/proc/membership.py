@@ -9,7 +9,9 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from ..patches import process_group, rpc_hooks, shipping, shm, thread_states
+from ..patches import process_group, rpc_hooks, thread_states
+from ..shipping import pickler as shipping
+from ..shm import transport as shm
 from . import nccl
 
 __all__ = ["Runner", "direct", "install_rpc_patches", "join_group", "join_rpc", "leave",
@@ -47,7 +49,7 @@ def join_rpc(name: str, rank: int, world_size: int, init_method: str, timeout: f
 
 def rpc_joined(shm_config: dict | None) -> None:
     """After ``init_rpc``: torch RPC's functions known as patched, large tensors to this
-    host's ranks through shared memory (``patches.shm.world_config``; None: not)."""
+    host's ranks through shared memory (``shm.transport.world_config``; None: not)."""
     shipping.register_patched("torch.distributed.rpc", "torch.distributed.rpc.api")
     shm.open_world(shm_config)
 

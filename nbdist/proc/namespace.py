@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ..patches.mirror import main_namespace
+from ..shipping.own_main import main_namespace
 
 __all__ = ["apply_each", "assign", "read"]
 

@@ -51,7 +51,7 @@ class RankConfig:
     store: tuple | None  # a host world's store address (``proc.store``); None: files
     arrivals: str | None  # a local world without RPC: where ranks say they arrived
     arrived: str  # the key each says it with (``{rank}`` filled in)
-    shm: dict | None  # ``patches.shm.world_config``; None: off
+    shm: dict | None  # ``shm.transport.world_config``; None: off
     user_groups: str | None  # a local world: the store of user code's groups
     launch_env: dict[str, str]  # torchrun's variables for this world
     affinity: list[int] | None = None  # its CPUs, set by a host's agent

@@ -1,18 +1,14 @@
 """IPython on a worker: one shell per process runs ``%%dist`` cells; rich output leaves as messages.
 
-The shell is an ``InteractiveShell`` (not a kernel): magics, ``!`` escapes, ``?`` help, input
-transformations and the display hook, with no ZeroMQ and no history database. The warm
-template makes it once before it forks (``preload``), so every worker has it from its first
-instruction, ``display()`` inside RPC functions included, at no cost per worker.
+The shell is an ``InteractiveShell`` (magics, ``!``, ``?``, input transformations, the display
+hook; no ZeroMQ, no history database), made once by the warm template before it forks
+(``preload``), so every worker has it from its first instruction, RPC functions included.
 
-What the shell displays (``display()``, figures of the inline matplotlib backend, a cell's
-last value when it has a rich repr) is sent to the notebook as ``DisplayData``; binary
-values travel base64-encoded as Jupyter's wire format has them; a bundle over ``LIMIT`` bytes
-is replaced by a note naming the rank and the size; a bundle over ``CHUNK`` bytes travels as
-``DisplayChunk`` pieces (whole frames, so the channel never carries one huge frame); a
-widget view shows as a live widget when its comm is relayed to the notebook (``comms``),
-else as its text repr and a note. ``clear_output`` is
-sent as ``ClearOutput``.
+What it displays (``display()``, inline matplotlib figures, a cell's rich last value) goes to the
+notebook as ``DisplayData``, binary values base64-encoded as in Jupyter's wire format; a bundle
+over ``LIMIT`` bytes becomes a note naming rank and size, one over ``CHUNK`` bytes travels as
+``DisplayChunk`` pieces; a widget shows live when its comm is relayed (``comms``), else as its
+text repr and a note. ``clear_output`` is sent as ``ClearOutput``.
 """
 
 from __future__ import annotations

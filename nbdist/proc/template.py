@@ -44,7 +44,8 @@ def preload() -> None:
     import torch.distributed.autograd  # noqa: F401
     import torch.distributed.rpc  # noqa: F401
 
-    from ..patches import quiet, rpc_hooks, rref_reset, shipping, torch_private  # noqa: F401
+    from ..patches import quiet, rpc_hooks, rref_reset, torch_private  # noqa: F401
+    from ..shipping import pickler  # noqa: F401
     from ..telemetry import records, tracing  # noqa: F401
     from . import shell, worker  # noqa: F401
 

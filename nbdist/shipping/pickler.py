@@ -28,7 +28,9 @@ from typing import Any
 
 import cloudpickle
 
-from . import culprit, fresh, mirror, shm, torch_private, twins
+from ..patches import torch_private
+from ..shipping import fresh_locks, own_main, per_rank, unpicklable
+from ..shm import transport as shm
 from .code_filename import reduce_code
 
 __all__ = ["CODE_WAIT", "dumps", "forget_peers", "install", "installed", "register_patched"]
@@ -146,7 +148,7 @@ os.register_at_fork(after_in_child=_after_fork)
 def forget_peers() -> None:
     """A new world: its processes hold none of our code or values yet."""
     _sent.clear()
-    mirror.forget_peers()
+    own_main.forget_peers()
 
 
 def _static_of(func: types.FunctionType) -> tuple[tuple, str, tuple]:
@@ -189,8 +191,8 @@ def _dynamic_state(func: types.FunctionType, names: tuple, dest: str | None) -> 
     as cloudpickle does)."""
     g = func.__globals__
     if g.get("__name__") == "__main__":
-        f_globals: Any = mirror.outgoing(dest, g, names)
-        values = [v for _, v in f_globals[1] if v is not mirror.UNCHANGED]
+        f_globals: Any = own_main.outgoing(dest, g, names)
+        values = [v for _, v in f_globals[1] if v is not own_main.UNCHANGED]
     else:
         f_globals = {k: g[k] for k in names if k in g}
         values = list(f_globals.values())
@@ -212,7 +214,7 @@ def _set_dynamic(func: types.FunctionType, state: tuple) -> None:
         return  # the original: its own globals, closure and defaults are the real ones
     f_globals, defaults, kwdefaults, cells, fdict, _subs = state
     if type(f_globals) is tuple:
-        mirror.merge(f_globals[0], f_globals[1], func.__globals__)
+        own_main.merge(f_globals[0], f_globals[1], func.__globals__)
     else:
         func.__globals__.update(f_globals)
     if defaults is not None:
@@ -232,7 +234,7 @@ def _build(digest: str, static: tuple, base_globals: dict | None) -> types.Funct
     ``__main__`` (``base_globals`` is None) or, for other modules' code, a dict of its own."""
     code, name, qualname, module, doc, annotations = static
     if base_globals is None:
-        g = mirror.main_namespace()
+        g = own_main.main_namespace()
         own = _own_twin(g, qualname, code)
         if own is not None:
             _twins[digest] = own
@@ -262,7 +264,7 @@ def _build(digest: str, static: tuple, base_globals: dict | None) -> types.Funct
 def _own_twin(ns: dict, qualname: str, code: types.CodeType) -> types.FunctionType | None:
     """This rank's own definition standing for a ``__main__`` function from elsewhere
     (``twins``): never a copy built here."""
-    own = twins.twin_function(ns, qualname, code)
+    own = per_rank.twin_function(ns, qualname, code)
     return None if own is None or own in _copies else own
 
 
@@ -271,7 +273,7 @@ def _twin_hit(digest: str, base_globals: dict | None) -> types.FunctionType | No
     own = _twins.get(digest)
     if own is None or base_globals is not None:
         return None
-    if twins.lookup(mirror.main_namespace(), own.__qualname__) is own:
+    if per_rank.lookup(own_main.main_namespace(), own.__qualname__) is own:
         return own
     _twins.pop(digest, None)  # rebound since: find its twin (or build a copy) again
     return None
@@ -326,7 +328,7 @@ def _make_class(key: str, qualname: str, *skeleton: Any) -> type:
     back, or a copy made before) as cloudpickle finds it; else this rank's own twin
     (``twins``), whose attributes stay its own; else a new copy."""
     if skeleton[4] not in _cp_class_tracker:
-        own = twins.twin_class(mirror.main_namespace(), qualname, key, skeleton[2])
+        own = per_rank.twin_class(own_main.main_namespace(), qualname, key, skeleton[2])
         if own is not None and own not in _class_copies:
             _classes_whole.add(own)
             return own
@@ -394,10 +396,10 @@ class ShippingPickler(cloudpickle.Pickler):
             _classes_whole.add(obj)  # defined here (or whole): a copy arriving is not applied
             if rv[0] is _cp_skeleton_class and obj.__module__ == "__main__":
                 # the receiver may have its own twin of it
-                rv = (_make_class, (twins.class_key(obj), obj.__qualname__, *rv[1])) + rv[2:]
+                rv = (_make_class, (per_rank.class_key(obj), obj.__qualname__, *rv[1])) + rv[2:]
             return rv[:5] + (_class_setstate_once,)
-        if fresh.is_fresh_kind(t) and id(obj) not in self.direct:
-            return fresh.fresh_reduce(obj)
+        if fresh_locks.is_fresh_kind(t) and id(obj) not in self.direct:
+            return fresh_locks.fresh_reduce(obj)
         return NotImplemented
 
     def _function_by_value(self, obj: types.FunctionType) -> Any:
@@ -412,7 +414,7 @@ class ShippingPickler(cloudpickle.Pickler):
                 base = self.globals_ref[id(g)] = {k: g[k] for k in _BASE_KEYS if k in g}
         state = _dynamic_state(obj, names, dest)
         if dest is not None:
-            if type(state[0]) is tuple and any(v is not mirror.UNCHANGED
+            if type(state[0]) is tuple and any(v is not own_main.UNCHANGED
                                                for _, v in state[0][1]):
                 self.new_values.append(state[0][1])
             if (dest, digest) in _sent:
@@ -549,7 +551,7 @@ def _wrap_invoke(orig: Callable) -> Callable:
             for d in digests:
                 _sent.add((dest, d))
             for entries in values:
-                mirror.mark_sent(dest, entries)
+                own_main.mark_sent(dest, entries)
         return res
 
     return invoke
@@ -574,7 +576,7 @@ def _explain_unpicklable(owner: Any, obj: Any, exc: Exception, dest: str | None 
 
     error = can_pickle(obj.func)
     if error is not None:
-        found = culprit.find(obj.func, can_pickle, _travels_by_value)
+        found = unpicklable.find(obj.func, can_pickle, _travels_by_value)
         if found is not None:
             where = f" to {dest}" if dest else ""
             return TypeError(

@@ -1,26 +1,14 @@
 """One rank's part of an ``mp.spawn`` run in a world: ``fn(i, *args)`` as a spawned process runs it.
 
-The notebook pickles ``fn`` and ``args`` with the shipping rules (notebook functions and
-classes by value, their globals set in each rank's own ``__main__``, the notebook's values
-replacing the rank's own, as a spawned child runs its parent's module) into a two-line
-``%%dist`` cell (``cell``); on the worker that cell calls ``run``, which takes the payload out
-of ``__main__`` again and calls ``fn(rank, *args)``. Rank 0 calls ``call`` directly.
+The notebook pickles ``fn`` and ``args`` by the shipping rules into a two-line ``%%dist`` cell
+(``cell``); on the worker that cell calls ``run``, which takes them out of ``__main__`` and calls
+``fn(rank, *args)``. Rank 0 calls ``call`` directly.
 
-A spawned process starts with no process group and no RPC agent: ``call`` hides the rank's
-process groups from ``fn`` (``patches.hidden_groups``) and gives them back afterwards, and in
-a world without RPC it lets ``fn`` call ``init_rpc`` as a fresh process does (torch's
-per-process RPC counters start from 0 again).
-
-A spawned process ends when its function does, and so does everything it made, its changes to
-the environment (``MASTER_PORT``...) included. A rank of a world lives on, so ``call`` ends
-an RPC agent ``fn`` started and left (non-graceful, as an
-exit), and the default process group ``fn`` made and left behind
-(a torchrun-style function never calls ``destroy_process_group``; a failed one never got
-there), with ``destroy_process_group`` as the user would (nbdist's, in a world: the group is
-kept until freeing it cannot freeze the process, so a peer still waiting in a collective with
-this rank fails at the group's timeout). When ``fn`` raised, the locals of its finished frames
-are cleared first (file and line stay for the traceback): its model and tensors go, as they
-would with the process.
+``call`` gives ``fn`` what a spawned process has: no process group (the rank's are hidden by
+``spawn.hidden_groups``) and, in a world without RPC, leave to ``init_rpc`` anew. A rank lives on
+after ``fn``, so ``call`` then ends what the process's exit would: its changes to the environment,
+an RPC agent it left (non-graceful), the default group it left (with ``destroy_process_group``, so
+the group is kept until freeing it is safe) and, when ``fn`` raised, its finished frames' locals.
 """
 
 from __future__ import annotations
@@ -32,7 +20,10 @@ import sys
 import traceback
 from collections.abc import Callable
 
-from ..patches import hidden_groups, mirror, no_rpc, rpc_barrier, rpc_hooks, rref_reset, shipping
+from ..patches import no_rpc, rpc_barrier, rpc_hooks, rref_reset
+from ..shipping import own_main
+from ..shipping import pickler as shipping
+from ..spawn import hidden_groups
 
 __all__ = ["PAYLOAD", "call", "cell", "run"]
 
@@ -49,13 +40,13 @@ def cell(fn: Callable, args: tuple, generation: int = 0) -> str:
     spawn number ``generation``; a traceback shows only its second line."""
     blob = base64.b64encode(shipping.dumps((fn, args, generation))).decode("ascii")
     return (f"{PAYLOAD} = {blob!r}\n"
-            f"__import__('nbdist.proc.spawned', fromlist=['run']).run()\n")
+            f"__import__('nbdist.spawn.one_rank', fromlist=['run']).run()\n")
 
 
 def run() -> None:
     """On a worker, in the cell ``cell`` made: ``fn(rank, *args)``."""
-    blob = mirror.main_namespace().pop(PAYLOAD)
-    with mirror.sender_wins():  # the function sees the notebook's globals, as a child its parent's
+    blob = own_main.main_namespace().pop(PAYLOAD)
+    with own_main.sender_wins():  # the notebook's globals, as a child's
         fn, args, generation = pickle.loads(base64.b64decode(blob))
     call(fn, int(os.environ["NBDIST_RANK"]), args, generation)
 

@@ -1,19 +1,12 @@
 """Destroyed process groups, kept alive until freeing them cannot freeze the process.
 
-torch's ``ProcessGroupGloo`` destructor joins the group's worker threads while the freeing
-thread holds the GIL. A worker thread that has just finished a collective drops its last
-reference to the work, which may need the GIL; and one still inside a collective (a peer that
-never came) waits for the group's timeout. So freeing a destroyed group (``del ddp_model``
-after ``destroy_process_group()``, or a demo function returning) can freeze the process for
-good (pytorch issue 56297 and its family; ~4 runs in 10 of the DDP tutorial on 2.13). A
-script exits right after, a notebook lives on.
-
-``bury`` keeps a reference to each destroyed group, so whatever else drops its references
-never runs the destructor; ``release`` lets go of the ones whose threads are certainly idle:
-older than the group's timeout (every collective of it has ended by then), or, while more
-than ``CAP`` are kept, older than ``SETTLE`` seconds (a finished collective's threads settle
-in milliseconds). A model still holding a group frees it later still, which is as safe.
-The world calls ``release(everything=True)`` when it ends, after its peers are gone.
+Freeing a destroyed Gloo group (``del ddp_model`` after ``destroy_process_group()``) runs a
+destructor that joins the group's threads while holding the GIL, which those threads may need, or
+that may wait out the group's timeout: the process can freeze for good (pytorch issue 56297).
+``bury`` keeps a reference to each destroyed group, so the destructor never runs from whatever
+else drops its references; ``release`` lets go of those whose threads are certainly idle: older
+than the group's timeout, or, while more than ``CAP`` are kept, older than ``SETTLE`` seconds. The
+world calls ``release(everything=True)`` when it ends, after its peers are gone.
 """
 
 from __future__ import annotations

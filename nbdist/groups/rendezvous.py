@@ -1,17 +1,12 @@
 """Where the members of one user process group meet in a world's private store.
 
-Members meet as torch's do: those that name the same rendezvous (``name``: the
-``init_method``'s address, or ``MASTER_ADDR:MASTER_PORT`` for ``env://``) and the same size
-form a group, whatever their world ranks. Each group gets fresh keys, a generation: members
-join the open generation of that rendezvous and size, and the one that fills it opens the next.
-A member whose attempt failed or was interrupted (``Meeting.leave``) ends its generation, so
-whatever the failure left behind (a member that never came, keys of a dead listener), the next
-attempt meets in a fresh one. As under torch, a member other than rank 0 first waits for rank 0
-(whose store the others would connect to): ``DistNetworkError`` when it never comes.
-
-A member waits for the others in short slices, so Ctrl-C (or ``abandon``, from another
-thread) ends the wait at once, and a wait that runs out raises torch's error type naming the
-keys it waited for.
+As under torch, members naming the same rendezvous (``name``: the ``init_method``'s address, or
+``MASTER_ADDR:MASTER_PORT`` for ``env://``) and size form a group whatever their world ranks, and
+a member other than rank 0 first waits for rank 0 (``DistNetworkError`` when it never comes).
+Each group gets fresh keys (a generation): members join the open one and the one that fills it
+opens the next; a failed or interrupted attempt (``Meeting.leave``) ends its generation, so the
+next attempt meets in a fresh one. Waits run in short slices, so Ctrl-C or ``abandon`` (from
+another thread) ends them at once; one that runs out raises torch's error naming its keys.
 """
 
 from __future__ import annotations

@@ -1,20 +1,14 @@
 """``mp.spawn(fn, args, nprocs=K)`` from a cell runs ``fn(i, *args)`` on the K ranks of a world.
 
-The world decides, the patch (``patches.spawn``) asks: ``take`` runs the call here unless
-torch's own spawn would work (no world is running, and ``fn`` and ``args`` reach a fresh
-interpreter by reference, not from a notebook's ``__main__``; or ``start_processes`` forks),
-then returns ``DECLINE``.
-
-Otherwise the notebook is process 0 and worker rank i is process i, as in ``%%dist --local``:
-the workers get a cell running ``fn(i, *args)`` (``proc.spawned``), then the notebook runs
-``fn(0, *args)`` itself (``join=False``: on a thread of its own), then the workers' results
-are collected. No world yet: one of K ranks is started (and kept for the next cells); a world
-of another size is keep-restarted to K ranks (live workers keep their state). One line says
-which. Spawn's contract holds: it returns when every process returned; a failure raises
-torch's ``ProcessRaisedException`` (a subclass that IPython shows as the rank's traceback)
-naming the process, or ``ProcessExitedException`` for a rank that died; ``join=False`` returns
-a ``ProcessContext`` whose ``join(timeout)`` works as torch's does. Ctrl-C interrupts every
-rank.
+``take`` (asked by ``spawn.patch``) returns ``DECLINE`` where torch's own spawn would work: no
+world is running and ``fn`` and ``args`` reach a fresh interpreter by reference (not from a
+notebook's ``__main__``), or ``start_processes`` forks. Otherwise the notebook is process 0 and
+worker rank i is process i, as in ``%%dist --local`` (``spawn.one_rank``); with no world one of K
+ranks is started, and a world of another size is keep-restarted to K ranks (one line says which).
+Spawn's contract holds: it returns when every process returned; a failure raises torch's
+``ProcessRaisedException`` naming the process, or ``ProcessExitedException`` for a rank that died;
+``join=False`` returns a ``ProcessContext`` whose ``join(timeout)`` works as torch's does. Ctrl-C
+interrupts every rank.
 """
 
 from __future__ import annotations
@@ -32,11 +26,11 @@ import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from ..cluster import core
+from ..cluster.failfast import FailFast
 from ..errors import DistTimeoutError, RankFailure
-from ..patches import spawn as patch
-from ..proc import spawned
-from . import core
-from .failfast import FailFast
+from ..spawn import one_rank as spawned
+from ..spawn import patch
 
 __all__ = ["AFTER_FAILURE", "BARE", "install", "starts_rpc", "take"]
 

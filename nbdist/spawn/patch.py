@@ -1,16 +1,12 @@
 """``torch.multiprocessing.spawn`` and ``start_processes`` asked of the world first.
 
-``mp.spawn(fn, nprocs=K)`` pickles ``fn`` by reference for K fresh interpreters, so a function
-defined in a notebook cell never reaches them ("Can't get attribute 'demo_basic' on <module
-'__main__'>"). This patch puts a wrapper in place of ``start_processes`` (in
-``torch.multiprocessing`` and in its ``spawn`` module, whose ``spawn`` calls it by that name):
-the wrapper asks the taker ``attach`` registered (nbdist's cluster layer) whether it runs the
-call in a world; the taker answers ``DECLINE`` where torch should do it as usual.
-
-The patch is made as soon as ``torch.multiprocessing`` exists: at ``install`` if torch is
-imported already, else right after its import (a finder on ``sys.meta_path`` that steps aside
-once it has done so), so ``%load_ext nbdist`` need not import torch. ``NBDIST_SPAWN=0`` turns
-it off (read at every call): torch's own function runs.
+``mp.spawn`` pickles ``fn`` by reference for fresh interpreters, so a function defined in a
+notebook cell never reaches them. A wrapper in place of ``start_processes`` (in
+``torch.multiprocessing`` and its ``spawn`` module) asks the taker ``attach`` registered whether
+the world runs the call; ``DECLINE`` lets torch do it as usual. The patch is made as soon as
+``torch.multiprocessing`` exists (at ``install``, or right after torch's import, by a
+``sys.meta_path`` finder that then steps aside), so ``%load_ext nbdist`` need not import torch.
+``NBDIST_SPAWN=0`` (read at every call) runs torch's own function.
 """
 
 from __future__ import annotations
@@ -21,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..envflag import switched_on
-from . import on_import
+from ..patches import on_import
 
 __all__ = ["DECLINE", "ENV", "attach", "install", "installed", "original"]
 

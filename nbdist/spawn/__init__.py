@@ -1,0 +1,4 @@
+"""``mp.spawn`` from a cell: the patch that asks the world first, the world's side, and one
+rank's part (README, Layout)."""
+
+__all__: list[str] = []
