@@ -236,3 +236,17 @@ def test_readme_layout_names_every_module_and_only_those():
                if p.name != "__init__.py"}
     assert modules - listed == set(), "modules missing from README's Layout"
     assert listed - modules == set(), "README's Layout names modules that do not exist"
+
+
+# -- process-wide state ---------------------------------------------------------------------
+def test_every_module_rebinding_a_global_is_in_the_readme_list():
+    """A ``global`` statement is allowed only in a module the README's "Process-wide state"
+    list names, with why; a module that no longer has one leaves the list too."""
+    section = (ROOT / "README.md").read_text().split("### Process-wide state", 1)[1]
+    section = section.split("\n## ", 1)[0]
+    listed = {m for m in re.findall(r"`([\w/]+\.py)`", section)
+              if not m.startswith("tests/")} - {"patches/process_group.py"}
+    rebinding = {str(p.relative_to(PKG)) for p in PKG.rglob("*.py")
+                 if any(isinstance(n, ast.Global) for n in ast.walk(ast.parse(p.read_text())))}
+    assert rebinding - listed == set(), "modules with `global` missing from the README's list"
+    assert listed - rebinding == set(), "the README's list names modules without `global`"
