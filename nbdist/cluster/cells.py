@@ -115,13 +115,15 @@ class Cells:
 
     # -- waiting ------------------------------------------------------------------------------
     def collect(self, exec_id: int, targets: list[int], timeout: float | None,
-                partial: bool = False) -> dict:
+                partial: bool = False, announce: bool = True) -> dict:
         """Wait for a cell's results; interrupts and deaths are handled, never hangs.
         ``partial``: at the timeout, the ranks still running are interrupted and the results
-        that arrived are returned (the others absent) instead of raising."""
+        that arrived are returned (the others absent) instead of raising. ``announce``: a
+        rank's failure is shown the moment it arrives (not for ``mp.spawn``, whose error
+        alone says it, as in a script)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
-            return self._wait(exec_id, targets, deadline, partial)
+            return self._wait(exec_id, targets, deadline, partial, announce)
         except KeyboardInterrupt as exc:
             raise self._interrupted(exec_id, targets).with_traceback(exc.__traceback__) \
                 from None
@@ -187,12 +189,12 @@ class Cells:
         return was is not None and was is now and was.alive
 
     def _wait(self, exec_id: int, targets: list[int], deadline: float | None,
-              partial: bool = False) -> dict:
+              partial: bool = False, announce: bool = True) -> dict:
         with self.desk.waiting():
-            return self._wait_serving(exec_id, targets, deadline, partial)
+            return self._wait_serving(exec_id, targets, deadline, partial, announce)
 
     def _wait_serving(self, exec_id: int, targets: list[int], deadline: float | None,
-                      partial: bool) -> dict:
+                      partial: bool, announce: bool) -> dict:
         started = time.monotonic()
         status: StatusLine | None = None
         next_status = started + StatusLine.AFTER
@@ -201,7 +203,7 @@ class Cells:
             while True:
                 pending = self._pending(exec_id, targets)
                 now = time.monotonic()
-                if pending and not partial:  # (partial: the others were interrupted)
+                if pending and announce and not partial:  # (partial: others interrupted)
                     self._announce_failures(exec_id, announced)
                 if not pending:
                     if status is not None:

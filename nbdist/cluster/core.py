@@ -300,10 +300,10 @@ class Cluster:
         return self.cells.send_cell(code, targets)
 
     def collect(self, exec_id: int, targets: list[int], timeout: float | None,
-                partial: bool = False) -> dict:
+                partial: bool = False, announce: bool = True) -> dict:
         """Wait for a cell's results; interrupts and deaths are handled, never hangs
         (``Cells.collect``)."""
-        return self.cells.collect(exec_id, targets, timeout, partial)
+        return self.cells.collect(exec_id, targets, timeout, partial, announce)
 
     def first_failure(self, exec_id: int, targets: list[int]) -> int | None:
         """The worker that failed cell ``exec_id`` first, if any yet (``Cells.first_failure``)."""

@@ -237,7 +237,7 @@ class _Spawn:
         if self.cluster is not None and self.targets:
             wait = AFTER_FAILURE if self.failure is not None else None
             try:
-                results = self.cluster.collect(self.exec_id, self.targets, wait)
+                results = self.cluster.collect(self.exec_id, self.targets, wait, announce=False)
             except DistTimeoutError:
                 results = {}  # interrupted: rank 0's failure is the news
         self._raise_first(results)
@@ -254,7 +254,7 @@ class _Spawn:
         if self.cluster is not None and self.targets:
             self.cluster.interrupt(self.targets)
             try:
-                self.cluster.collect(self.exec_id, self.targets, 0.5)
+                self.cluster.collect(self.exec_id, self.targets, 0.5, announce=False)
             except (DistTimeoutError, KeyboardInterrupt):
                 pass
             self.done = True
