@@ -250,3 +250,45 @@ def test_every_module_rebinding_a_global_is_in_the_readme_list():
                  if any(isinstance(n, ast.Global) for n in ast.walk(ast.parse(p.read_text())))}
     assert rebinding - listed == set(), "modules with `global` missing from the README's list"
     assert listed - rebinding == set(), "the README's list names modules without `global`"
+
+
+def _class_attributes_set(source: str) -> list[tuple[int, str]]:
+    """(line, ``Class.attr``) for each assignment to an attribute of a class the module
+    defines at its top level: the class used as a namespace of mutable state."""
+    tree = ast.parse(source)
+    classes = {n.name for n in tree.body if isinstance(n, ast.ClassDef)}
+    found = []
+    for node in ast.walk(tree):
+        targets = node.targets if isinstance(node, ast.Assign) else \
+            [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+        for t in targets:
+            for part in ast.walk(t):
+                if isinstance(part, ast.Attribute) and isinstance(part.value, ast.Name) \
+                        and part.value.id in classes:
+                    found.append((node.lineno, f"{part.value.id}.{part.attr}"))
+    return found
+
+
+#: Class attributes set on purpose, and why.
+CLASS_STATE_ALLOWED = {
+    "Cluster.latest": "the process's current world (nbdist.current()), swapped whole",
+    "Cluster.last_spec": "what the last start asked for (%dist_restart repeats it)",
+    "ChannelStream._flusher": "one flusher thread per process for every stream",
+    "_Pinned.done": "threading.local's class attribute: the default every new thread reads",
+}
+
+
+def test_no_class_is_used_as_a_namespace_of_mutable_state():
+    """State lives in objects whose names say their scope (``_InWorld``, made at a world's
+    join and dropped at its leave; ``_..._PER_PROCESS``), never in a class's attributes."""
+    used = [f"{p.relative_to(PKG)}:{line} sets {what}" for p in PKG.rglob("*.py")
+            for line, what in _class_attributes_set(p.read_text())
+            if what not in CLASS_STATE_ALLOWED]
+    assert not used, "\n".join(used)
+
+
+def test_the_class_state_finder_finds_it():
+    assert _class_attributes_set("class _S:\n    x = 0\ndef f():\n    _S.x = 1\n"
+                                 "    _S.y += 2\n    a, _S.z = 1, 2\n") == \
+        [(4, "_S.x"), (5, "_S.y"), (6, "_S.z")]
+    assert _class_attributes_set("class _S:\n    x = 0\n_s = _S()\n_s.x = 1\n") == []

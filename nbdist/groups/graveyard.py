@@ -14,6 +14,7 @@ from __future__ import annotations
 import gc
 import threading
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["CAP", "SETTLE", "bury", "kept", "release"]
@@ -22,24 +23,31 @@ SETTLE = 1.0  # seconds after which a group without work in flight has idle thre
 CAP = 16  # kept groups beyond which settled ones are freed before their timeout
 
 
-class _Grave:
-    lock = threading.Lock()
-    entries: list[tuple[Any, float, float]] = []  # (group, buried at, its timeout in seconds)
+@dataclass
+class _Kept:
+    """The destroyed groups this process keeps alive, whatever world made them."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    # (group, buried at, its timeout in seconds), oldest first
+    entries: list[tuple[Any, float, float]] = field(default_factory=list)
+
+
+_KEPT_PER_PROCESS = _Kept()
 
 
 def bury(groups: list[Any], timeout: float) -> None:
     """Keep ``groups`` (being destroyed now) alive until ``release`` finds them safe to free."""
     now = time.monotonic()
-    with _Grave.lock:
-        known = {id(g) for g, _, _ in _Grave.entries}
-        _Grave.entries.extend((g, now, timeout) for g in groups
-                              if g is not None and id(g) not in known)
+    with _KEPT_PER_PROCESS.lock:
+        known = {id(g) for g, _, _ in _KEPT_PER_PROCESS.entries}
+        _KEPT_PER_PROCESS.entries.extend((g, now, timeout) for g in groups
+                                         if g is not None and id(g) not in known)
 
 
 def kept() -> int:
     """How many destroyed groups are kept now."""
-    with _Grave.lock:
-        return len(_Grave.entries)
+    with _KEPT_PER_PROCESS.lock:
+        return len(_KEPT_PER_PROCESS.entries)
 
 
 def release(everything: bool = False, wait: float = SETTLE) -> int:
@@ -49,15 +57,15 @@ def release(everything: bool = False, wait: float = SETTLE) -> int:
     all of them, once each has settled (waiting at most ``wait`` seconds for that).
     """
     if everything:
-        with _Grave.lock:
-            newest = max((t for _, t, _ in _Grave.entries), default=None)
+        with _KEPT_PER_PROCESS.lock:
+            newest = max((t for _, t, _ in _KEPT_PER_PROCESS.entries), default=None)
         if newest is None:
             return 0
         time.sleep(min(max(newest + SETTLE - time.monotonic(), 0.0), wait))
         gc.collect()  # a model in a reference cycle lets go of its group now, not at random
     now = time.monotonic()
-    with _Grave.lock:
-        entries = _Grave.entries
+    with _KEPT_PER_PROCESS.lock:
+        entries = _KEPT_PER_PROCESS.entries
         over = len(entries) - CAP
         free, keep = [], []
         for i, (g, at, timeout) in enumerate(entries):  # oldest first
@@ -66,7 +74,7 @@ def release(everything: bool = False, wait: float = SETTLE) -> int:
                 free.append(g)
             else:
                 keep.append((g, at, timeout))
-        _Grave.entries = keep
+        _KEPT_PER_PROCESS.entries = keep
     count = len(free)
     del free  # the destructors run here, on the caller's thread, outside the lock
     return count

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 from urllib.parse import urlsplit
@@ -23,26 +24,32 @@ __all__ = ["Meeting", "abandon", "abandoned", "name", "resume"]
 SLICE = 0.01  # seconds between two looks at the store while waiting
 
 
+@dataclass
 class _Abandon:
-    lock = threading.Lock()
-    reason: str | None = None  # why waits in this process give up now (None: they go on)
+    """Why every rendezvous wait in this process gives up now (None: they go on)."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    reason: str | None = None
+
+
+_ABANDON_PER_PROCESS = _Abandon()
 
 
 def abandon(reason: str) -> None:
     """Make every rendezvous wait in this process give up now, saying ``reason``."""
-    with _Abandon.lock:
-        _Abandon.reason = reason
+    with _ABANDON_PER_PROCESS.lock:
+        _ABANDON_PER_PROCESS.reason = reason
 
 
 def resume() -> None:
     """Rendezvous waits wait again (a new cell began)."""
-    with _Abandon.lock:
-        _Abandon.reason = None
+    with _ABANDON_PER_PROCESS.lock:
+        _ABANDON_PER_PROCESS.reason = None
 
 
 def abandoned() -> str | None:
     """Why waits give up now, or None."""
-    return _Abandon.reason
+    return _ABANDON_PER_PROCESS.reason
 
 
 def name(init_method: str | None) -> str:
@@ -161,7 +168,7 @@ def _recorded_store_class() -> type:
             seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else self.seconds
             deadline = time.monotonic() + seconds
             while not self.inner.check(keys):
-                reason = _Abandon.reason
+                reason = _ABANDON_PER_PROCESS.reason
                 if reason is not None:
                     raise RuntimeError(f"init_process_group gave up waiting for the other "
                                        f"members of the group: {reason}")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import socket
+from dataclasses import dataclass
 
 from ..envflag import switched_on
 
@@ -50,21 +51,27 @@ def master(address: str) -> dict[str, str]:
     return {"MASTER_ADDR": address, "MASTER_PORT": str(port)}
 
 
+@dataclass
 class _Saved:
-    before: dict[str, str | None] | None = None  # the notebook's values before the world
+    """This process's values of ``KEYS`` before its world set them (None: no world)."""
+
+    before: dict[str, str | None] | None = None
+
+
+_SAVED = _Saved()
 
 
 def enter(values: dict[str, str]) -> None:
     """This process's variables are now ``values`` (again, at a keep-restart); what it had
     before the first ``enter`` is kept for ``leave``."""
-    if _Saved.before is None:
-        _Saved.before = {k: os.environ.get(k) for k in KEYS}
+    if _SAVED.before is None:
+        _SAVED.before = {k: os.environ.get(k) for k in KEYS}
     os.environ.update(values)
 
 
 def leave() -> None:
     """Every variable ``enter`` set goes back to what it was (absent: removed)."""
-    before, _Saved.before = _Saved.before, None
+    before, _SAVED.before = _SAVED.before, None
     for key, value in (before or {}).items():
         if value is None:
             os.environ.pop(key, None)

@@ -12,6 +12,7 @@ question, from that one caller, is answered here. Any other caller gets torch's 
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import NoRpcError
@@ -25,9 +26,10 @@ BUILD = ("this torch build has no torch.distributed.rpc, so this world has no RP
          "install a torch build with it to use RPC")
 
 
-class _State:
-    """Why this process's world has no RPC (None: it has, or there is no world), and
-    torch's own ``_is_current_rpc_agent_set`` while ours stands in for it."""
+@dataclass
+class _NoRpc:
+    """Why this process's world has no RPC (``reason``, per world: None when it has, or there
+    is no world), and torch's own ``_is_current_rpc_agent_set`` while ours stands in for it."""
 
     reason: str | None = None
     original: Any = None
@@ -35,32 +37,35 @@ class _State:
     wrapper_code: Any = None
 
 
+_NO_RPC = _NoRpc()
+
+
 def active() -> str | None:
     """Why this process's world has no RPC, or None when it has (or there is no world)."""
-    return _State.reason
+    return _NO_RPC.reason
 
 
 def check(what: str) -> None:
     """Raise ``NoRpcError`` saying ``what`` needs RPC, when this world has none."""
-    if _State.reason is not None:
-        raise NoRpcError(f"{what} needs torch RPC: {_State.reason}")
+    if _NO_RPC.reason is not None:
+        raise NoRpcError(f"{what} needs torch RPC: {_NO_RPC.reason}")
 
 
 def enter(reason: str) -> None:
     """This process is now in a world without RPC, for ``reason`` (``FLAG`` or ``BUILD``)."""
-    _State.reason = reason
-    if _State.original is None and torch_private.usable("no_rpc"):
+    _NO_RPC.reason = reason
+    if _NO_RPC.original is None and torch_private.usable("no_rpc"):
         from torch.distributed.rpc import api
 
-        _State.wrapper_code = api._require_initialized(lambda: None).__code__
-        _State.original = _State.torch = api._is_current_rpc_agent_set
+        _NO_RPC.wrapper_code = api._require_initialized(lambda: None).__code__
+        _NO_RPC.original = _NO_RPC.torch = api._is_current_rpc_agent_set
         api._is_current_rpc_agent_set = _is_current_rpc_agent_set
 
 
 def leave() -> None:
     """The world without RPC has ended: torch's RPC calls answer as torch's own again."""
-    _State.reason = None
-    original, _State.original = _State.original, None
+    _NO_RPC.reason = None
+    original, _NO_RPC.original = _NO_RPC.original, None
     if original is not None:
         from torch.distributed.rpc import api
 
@@ -70,8 +75,8 @@ def leave() -> None:
 
 def agent_set() -> bool:
     """torch's own answer: whether an RPC agent runs in this process (False without RPC)."""
-    if _State.torch is not None:
-        return bool(_State.torch())
+    if _NO_RPC.torch is not None:
+        return bool(_NO_RPC.torch())
     if not torch_private.usable("no_rpc"):
         return False
     from torch.distributed.rpc import api
@@ -81,11 +86,11 @@ def agent_set() -> bool:
 
 def _is_current_rpc_agent_set() -> bool:
     """torch's answer, except to ``_require_initialized`` in a world without RPC: raise."""
-    if _State.torch():
+    if _NO_RPC.torch():
         return True
     caller = sys._getframe(1)
-    if _State.reason is not None and caller.f_code is _State.wrapper_code:
+    if _NO_RPC.reason is not None and caller.f_code is _NO_RPC.wrapper_code:
         func = caller.f_locals.get("func")
         name = getattr(func, "__name__", "this call")
-        raise NoRpcError(f"torch.distributed.rpc.{name} needs torch RPC: {_State.reason}")
+        raise NoRpcError(f"torch.distributed.rpc.{name} needs torch RPC: {_NO_RPC.reason}")
     return False

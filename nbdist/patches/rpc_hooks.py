@@ -20,6 +20,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from . import torch_private
@@ -67,20 +68,24 @@ class WorldHooks(Protocol):
         """``rank 3 (worker3) on node2`` for a destination on another host, else None."""
 
 
+@dataclass
 class _Attached:
     """The world rank 0's RPC calls run in now (one slot, swapped whole)."""
 
     world: WorldHooks | None = None
 
 
+_ATTACHED = _Attached()
+
+
 def attach(world: WorldHooks) -> None:
     """From now on rank 0's RPC calls consult ``world`` (until ``detach``)."""
-    _Attached.world = world
+    _ATTACHED.world = world
 
 
 def detach() -> None:
     """No world: RPC calls wait as torch's own do (interruptibly) and consult nothing."""
-    _Attached.world = None
+    _ATTACHED.world = None
 
 
 def last_failed_destination() -> Any:
@@ -123,11 +128,11 @@ def _wait_interruptibly(fut: Any, dest: Any, poll: float) -> None:
             pin()
 
         fut.add_done_callback(opened)
-        world = _Attached.world
+        world = _ATTACHED.world
         if world is not None and dest is not None:
             world.check_dest(dest)  # now too: the notebook attends a breakpoint hit at once
         while not gate.acquire(timeout=poll):
-            world = _Attached.world
+            world = _ATTACHED.world
             if world is not None and dest is not None:
                 world.check_dest(dest)
     except KeyboardInterrupt:
@@ -138,7 +143,7 @@ def _wait_interruptibly(fut: Any, dest: Any, poll: float) -> None:
 def _tell_interrupted(dest: Any, fut: Any = None) -> None:
     """Tell the world once, to the end, even if Ctrl-C is pressed again meanwhile (the caller
     raises KeyboardInterrupt anyway; a hook cut short would leave remote work on)."""
-    world = _Attached.world
+    world = _ATTACHED.world
     if world is None or dest is None:
         return
     for _ in range(3):
@@ -151,7 +156,7 @@ def _tell_interrupted(dest: Any, fut: Any = None) -> None:
 
 def _tell_replied(dest: Any) -> None:
     """Tell the world an RPC to ``dest`` ended (it keeps its own short deadline)."""
-    world = _Attached.world
+    world = _ATTACHED.world
     if world is not None:
         world.replied(dest)
 
@@ -161,7 +166,7 @@ _MISSING = re.compile(r"ModuleNotFoundError: No module named '([^']+)'")
 
 def _explain_missing_module(exc: BaseException, dest: Any) -> None:
     """A module the destination cannot import, on another host: say which module and host."""
-    world = _Attached.world
+    world = _ATTACHED.world
     where = world.locate(dest) if world is not None and dest is not None else None
     found = _MISSING.search(str(exc))
     if where and found:
@@ -176,7 +181,7 @@ _TRANSPORT = ("eof", "pipe closed", "connection reset", "connection closed", "br
 
 def _explain_transport_error(exc: BaseException, dest: Any, grace: float = 2.0) -> None:
     """A connection error from a peer that has died becomes a WorkerDiedError naming it."""
-    world = _Attached.world
+    world = _ATTACHED.world
     if world is None or dest is None or not any(t in str(exc).lower() for t in _TRANSPORT):
         return
     give_up = time.monotonic() + grace  # the exit status follows the closed pipe closely

@@ -14,6 +14,7 @@ from __future__ import annotations
 import sys
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..envflag import switched_on
@@ -36,40 +37,46 @@ DECLINE = _Decline()  # the taker's answer: torch runs the call itself
 Taker = Callable[[Callable, tuple, int, bool, bool, str], Any]
 
 
-class _State:
+@dataclass
+class _SpawnPatch:
+    """The patch of ``start_processes`` in this process, and who is asked at each call."""
+
     taker: Taker | None = None
     original: Callable | None = None  # torch's start_processes
-    waiting = False  # install asked for the patch (now, or once torch.multiprocessing is)
-    lock = threading.Lock()
+    waiting: bool = False  # install asked for the patch (now, or once torch.multiprocessing is)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+_PATCH_PER_PROCESS = _SpawnPatch()
 
 
 def attach(taker: Taker) -> None:
     """``taker(fn, args, nprocs, join, daemon, start_method)`` is asked at every call; it
     returns what the call returns, or ``DECLINE``."""
-    _State.taker = taker
+    _PATCH_PER_PROCESS.taker = taker
 
 
 def original() -> Callable | None:
     """torch's own ``start_processes`` (None until the patch is made)."""
-    return _State.original
+    return _PATCH_PER_PROCESS.original
 
 
 def installed() -> bool:
     """Whether torch's ``start_processes`` is replaced in this process."""
-    return _State.original is not None
+    return _PATCH_PER_PROCESS.original is not None
 
 
 def install() -> None:
     """Patch now if ``torch.multiprocessing`` is imported, else right after it is (idempotent)."""
-    with _State.lock:
-        if _State.original is not None or _State.waiting:
+    with _PATCH_PER_PROCESS.lock:
+        if _PATCH_PER_PROCESS.original is not None or _PATCH_PER_PROCESS.waiting:
             return
-        _State.waiting = True
+        _PATCH_PER_PROCESS.waiting = True
     on_import.after_import(_PACKAGE, _patch_package)
 
 
 def _patch_package(package: Any) -> None:
-    with _State.lock:
+    with _PATCH_PER_PROCESS.lock:
         if _MODULE in sys.modules:
             _patch()
 
@@ -77,7 +84,7 @@ def _patch_package(package: Any) -> None:
 def start_processes(fn: Callable, args: tuple = (), nprocs: int = 1, join: bool = True,
                     daemon: bool = False, start_method: str = "spawn") -> Any:
     """torch's ``start_processes``, run by nbdist's world where it takes the call."""
-    taker, orig = _State.taker, _State.original
+    taker, orig = _PATCH_PER_PROCESS.taker, _PATCH_PER_PROCESS.original
     assert orig is not None
     if taker is not None and switched_on(ENV):
         got = taker(fn, tuple(args), nprocs, join, daemon, start_method)
@@ -93,7 +100,7 @@ def _patch() -> None:
     if not callable(orig) or orig is start_processes:
         return
     start_processes.__doc__ = orig.__doc__ or start_processes.__doc__
-    _State.original = orig
+    _PATCH_PER_PROCESS.original = orig
     module.start_processes = start_processes
     if getattr(package, "start_processes", None) is orig:
         package.start_processes = start_processes
