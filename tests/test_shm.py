@@ -176,7 +176,10 @@ def test_many_large_calls_do_not_grow(two):
     assert torch.equal(back, x)
     del back
     mine2, theirs2 = shm.usage(), rpc.rpc_sync("worker1", usage)
-    assert mine2["faulted"] == mine["faulted"] and theirs2["faulted"] == theirs["faulted"]
+    # flat: at most one more slot touched on a side (a reply still held when the next call
+    # came, once, on a loaded machine; reused from then on), never one per call (1,000 here)
+    assert mine2["faulted"] - mine["faulted"] <= 2 * MB, (mine, mine2)
+    assert theirs2["faulted"] - theirs["faulted"] <= 2 * MB, (theirs, theirs2)
     assert mine2["sent"] - mine["sent"] >= 1000
     assert (open_fds(), rpc.rpc_sync("worker1", open_fds)) == fds
 

@@ -174,9 +174,11 @@ def bind(send: Callable[[Message], None], rank: int, name: str) -> None:
     os.environ["MPLBACKEND"] = os.environ.get("NBDIST_WORKER_MPLBACKEND", MPL_INLINE)
 
 
-def run_cell(code: str, filename: str, exec_id: int) -> Result:
+def run_cell(code: str, filename: str, exec_id: int,
+             cancelled: Callable[[], bool] = lambda: False) -> Result:
     """Run one cell through the shell; the ``Result`` carries the last value's repr or the
-    error with the traceback from the cell's own frame on.
+    error with the traceback from the cell's own frame on. ``cancelled()`` is asked once the
+    events before the cell ran: IPython's event hooks swallow a Ctrl-C that lands in them.
 
     Plain Python (it parses, and no custom transformer is installed) takes a short way with
     the same meaning (events, display hook, ``_``); anything else, magics, ``!``, ``?`` and
@@ -188,7 +190,7 @@ def run_cell(code: str, filename: str, exec_id: int) -> Result:
     tree = _parse_plain(shell, code, filename)
     err: BaseException | None
     if tree is not None:
-        err = _run_plain(shell, tree, code, filename)
+        err = _run_plain(shell, tree, code, filename, cancelled)
     else:
         shell.compile.filename = filename
         try:
@@ -221,7 +223,8 @@ def _parse_plain(shell: Any, code: str, filename: str) -> ast.Module | None:
         return None
 
 
-def _run_plain(shell: Any, tree: ast.Module, code: str, filename: str) -> BaseException | None:
+def _run_plain(shell: Any, tree: ast.Module, code: str, filename: str,
+               cancelled: Callable[[], bool]) -> BaseException | None:
     """The statements, then the last expression through the display hook, between the
     events IPython triggers around a cell (the inline backend shows figures at the end)."""
     linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
@@ -237,6 +240,8 @@ def _run_plain(shell: Any, tree: ast.Module, code: str, filename: str) -> BaseEx
     events.trigger("pre_execute")
     err = None
     try:
+        if cancelled():  # Ctrl-C came during the events (IPython's trigger swallows it)
+            raise KeyboardInterrupt
         last = None
         if tree.body and isinstance(tree.body[-1], ast.Expr):
             last = ast.Expression(tree.body.pop().value)

@@ -423,7 +423,7 @@ def _run_cell(ns: dict, code: str, filename: str, exec_id: int) -> Result:
         try:
             if exec_id <= _cancelled:  # Ctrl-C came while it was on its way
                 raise KeyboardInterrupt
-            return shell.run_cell(code, filename, exec_id)
+            return shell.run_cell(code, filename, exec_id, lambda: exec_id <= _cancelled)
         finally:
             _executing = False
     except BaseException as exc:  # noqa: BLE001 - Ctrl-C just after the shell returned
