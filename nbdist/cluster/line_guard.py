@@ -2,7 +2,7 @@
 
 ``print(x)`` on rank 0 writes ``x`` and then ``"\\n"`` in two calls, and the thread that shows
 the workers' output may write between them: ``rank 0 done[worker2] rank 2 done``. The kernel's
-stream is wrapped once (``guard``) so that it knows whether the notebook's own text on it ends
+stream is wrapped (``watch``, each cell) so that it knows whether the notebook's text ends
 mid-line and which thread left it so; ``write_after`` waits a moment (``WAIT``) for another
 thread's line to end, the newline of a ``print`` follows at once, and otherwise starts
 nbdist's text on a line of its own.
