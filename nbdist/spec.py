@@ -278,20 +278,21 @@ def parse_ranks(spec: str | int | list | tuple | None, names: list[str]) -> list
     return sorted(chosen)
 
 
-def parse_hosts(spec: Any, slurm: Callable[[], list[str]] | None = None) -> tuple:
-    """``"a:4,b:4"``, ``{"a": 4}``, ``[("a", 4)]``, ``"slurm"``/``"slurm:K"`` (the hosts
-    ``slurm()`` lists, K ranks each, default ``SLURM_NTASKS_PER_NODE`` or 1), or None ->
-    ``(("a", 4), ...)`` in the order given. A host without ``:K`` gets one rank."""
+def parse_hosts(spec: Any,
+                enclosing: Callable[[str], tuple[list[str], str] | None] | None = None) -> tuple:
+    """``"a:4,b:4"``, ``{"a": 4}``, ``[("a", 4)]``, or None -> ``(("a", 4), ...)`` in the order
+    given; a host without ``:K`` gets one rank. ``enclosing(name)`` may turn a lone ``NAME`` or
+    ``NAME:K`` into the hosts of the scheduler allocation this process runs in and their default
+    ranks each (``proc.slurm.enclosing_hosts``: ``--hosts slurm``); None: a host's name."""
     if spec is None or spec == "" or spec == ():
         return ()
     if isinstance(spec, str):
         text = spec.strip()
-        if text == "slurm" or text.startswith("slurm:"):
-            if slurm is None:
-                raise ValueError("--hosts slurm is not available here")
-            per = text.partition(":")[2] or os.environ.get("SLURM_NTASKS_PER_NODE", "1")
-            per = per.split("(")[0].split(",")[0]  # SLURM writes e.g. "4(x2)"
-            return tuple((h, _count(per, h)) for h in slurm())
+        name, _, per = text.partition(":")
+        inside = enclosing(name.strip()) if enclosing is not None and "," not in text else None
+        if inside is not None:
+            hosts, default = inside
+            return tuple((h, _count(per or default, h)) for h in hosts)
         pairs = []
         for part in text.split(","):
             if not part.strip():

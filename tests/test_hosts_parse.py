@@ -9,7 +9,8 @@ import textwrap
 
 import pytest
 
-from nbdist.proc.hosts import launcher_argv, slurm_hosts
+from nbdist.proc.hosts import launcher_argv
+from nbdist.proc.slurm import enclosing_hosts
 from nbdist.spec import WorldSpec, parse_hosts
 
 
@@ -40,9 +41,11 @@ def test_slurm_hosts_come_from_scontrol(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("SLURM_JOB_NODELIST", "node[1-2]")
     monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "4(x2)")
-    assert slurm_hosts() == ["node1", "node2"]
-    assert parse_hosts("slurm", slurm_hosts) == (("node1", 4), ("node2", 4))
-    assert parse_hosts("slurm:2", slurm_hosts) == (("node1", 2), ("node2", 2))
+    assert enclosing_hosts("slurm") == (["node1", "node2"], "4")
+    assert enclosing_hosts("node1") is None
+    assert parse_hosts("slurm", enclosing_hosts) == (("node1", 4), ("node2", 4))
+    assert parse_hosts("slurm:2", enclosing_hosts) == (("node1", 2), ("node2", 2))
+    assert parse_hosts("node1:3", enclosing_hosts) == (("node1", 3),)
 
 
 def test_launchers_quote_the_host_and_the_command():

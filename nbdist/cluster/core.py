@@ -18,8 +18,8 @@ from typing import Any, ClassVar
 
 from ..errors import ClusterStateError, StartError, WorkerDiedError
 from ..patches import rpc_hooks
-from ..proc.hosts import slurm_hosts
 from ..proc.protocol import Debug
+from ..proc.slurm import enclosing_hosts
 from ..spec import WorldSpec, parse_hosts, parse_ranks
 from ..telemetry import events
 from . import allocation
@@ -82,7 +82,7 @@ def start(n: int, *, name: str = "worker0", worker_name: str = "worker{rank}",
         raise ValueError("--slurm and --hosts both say where ranks run: give one (--slurm asks "
                          "SLURM for the nodes, --hosts names them)")
     spec = WorldSpec(n, name, worker_name, threads, rpc_timeout, process_group,
-                     start_timeout, hosts=parse_hosts(hosts, slurm_hosts), iface=iface,
+                     start_timeout, hosts=parse_hosts(hosts, enclosing_hosts), iface=iface,
                      launcher=launcher, remote_python=remote_python, gpus=gpus,
                      device_maps=device_maps, heal=heal, rpc=rpc,
                      aggregate=aggregate, slurm=slurm, tabs=tabs).validate()
@@ -147,7 +147,7 @@ def _changed(spec: WorldSpec, n: int | None, changes: dict[str, Any]) -> WorldSp
     """``spec`` with the settings given changed (``None``: as it was), validated."""
     slurm = changes.pop("slurm", None)
     if changes.get("hosts") is not None:
-        changes = {**changes, "hosts": parse_hosts(changes["hosts"], slurm_hosts) or ()}
+        changes = {**changes, "hosts": parse_hosts(changes["hosts"], enclosing_hosts) or ()}
         spec = replace(spec, slurm=None)  # named hosts (or none) replace an allocation's
     if slurm is not None:  # new options: a new allocation ("none": back to no hosts)
         none = slurm.strip().lower() in ("", "none")

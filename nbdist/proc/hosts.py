@@ -13,9 +13,7 @@ notebook is silent for ``AGENT_SILENCE`` seconds ends its ranks and exits.
 from __future__ import annotations
 
 import json
-import os
 import shlex
-import shutil
 import subprocess
 import sys
 import threading
@@ -27,13 +25,14 @@ from .channel import Channel, HandshakeError, Listener
 from .launch import ForkClient, describe_exit
 from .netif import Interface
 from .protocol import AgentReady, Heartbeat, ProtocolError
+from .slurm import STEP_LAUNCHER
 
 __all__ = ["AGENT_SILENCE", "HEARTBEAT", "LAUNCHERS", "SILENCE", "HostAgent", "launcher_argv",
-           "slurm_hosts", "start_agents"]
+           "start_agents"]
 
 LAUNCHERS = {
     "ssh": "ssh -o BatchMode=yes {host} {command}",
-    "srun": "srun --nodes=1 --ntasks=1 --nodelist={host} {command}",
+    "srun": STEP_LAUNCHER,  # a step of the SLURM allocation the notebook runs in
 }
 HEARTBEAT = 1.0  # seconds between heartbeats, both ways
 SILENCE = 4.0  # an agent silent this long is lost (a host lost is noticed within 5 s)
@@ -57,22 +56,6 @@ def launcher_argv(launcher: str, host: str, command: list[str]) -> list[str]:
         raise ValueError(f"--launcher {launcher!r} is not a valid template ({exc}); its only "
                          "fields are {host} and {command}") from None
     return shlex.split(line)
-
-
-def slurm_hosts() -> list[str]:
-    """The hosts of the current SLURM allocation (``scontrol show hostnames``)."""
-    nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST")
-    if not nodelist:
-        raise ValueError("--hosts slurm: this is not inside a SLURM allocation (no "
-                         "SLURM_JOB_NODELIST); run the notebook under `salloc` or name the hosts")
-    if shutil.which("scontrol") is None:
-        raise ValueError("--hosts slurm needs `scontrol` on PATH to expand the node list")
-    out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True,
-                         text=True, timeout=30)
-    hosts = out.stdout.split()
-    if out.returncode or not hosts:
-        raise ValueError(f"`scontrol show hostnames {nodelist}` failed: {out.stderr.strip()}")
-    return hosts
 
 
 class HostAgent(ForkClient):

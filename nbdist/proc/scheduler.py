@@ -5,8 +5,10 @@ it (the user's own options, passed through), ``wait`` follows it while it is pen
 state shown through a callback) until it runs, ``nodes`` says what it holds on each node
 (``NodeShare``), ``launcher`` is the ``--launcher`` template that starts a join agent on one
 of its nodes without holding the node's CPUs or GPUs, ``state`` and ``time_left`` follow its
-life, and ``release`` gives it back (and nothing of it stays queued). ``proc.slurm`` is the
-one implementation; the cluster layer sees only this interface.
+life, and ``release`` gives it back (and nothing of it stays queued). A scheduler lives in one
+module that implements this interface and also answers for the allocation the notebook already
+runs in (``enclosing_hosts``: ``--hosts slurm``; ``STEP_LAUNCHER``: ``--launcher srun``).
+``proc.slurm`` is the one so far; the cluster layer sees only this interface and those two.
 """
 
 from __future__ import annotations

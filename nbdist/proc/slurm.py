@@ -22,7 +22,8 @@ from collections.abc import Callable
 from ..errors import DistTimeoutError, StartError
 from .scheduler import JobState, NodeShare
 
-__all__ = ["COMMANDS", "NEVER", "SlurmJob", "describe_end", "parse_duration", "parse_job"]
+__all__ = ["COMMANDS", "NEVER", "STEP_LAUNCHER", "SlurmJob", "describe_end", "enclosing_hosts",
+           "parse_duration", "parse_job"]
 
 COMMANDS = ("sbatch", "scontrol", "scancel", "srun")
 #: Pending reasons that no wait can satisfy: the request is beyond what the cluster has.
@@ -43,6 +44,29 @@ _END_WORDS = {
     "COMPLETED": "its holder step ended",
 }
 _TIMEOUT = 30.0  # seconds any one SLURM command may take
+#: ``--launcher srun``: a step on one node of the allocation the notebook already runs in
+STEP_LAUNCHER = "srun --nodes=1 --ntasks=1 --nodelist={host} {command}"
+
+
+def enclosing_hosts(name: str) -> tuple[list[str], str] | None:
+    """``--hosts slurm``: the nodes of the allocation this process runs in (``salloc``,
+    ``sbatch``) and the ranks per node SLURM was asked for (``SLURM_NTASKS_PER_NODE``, else
+    "1"); None for a ``name`` that is not ``slurm`` (then it names a host)."""
+    if name != "slurm":
+        return None
+    nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST")
+    if not nodelist:
+        raise ValueError("--hosts slurm: this is not inside a SLURM allocation (no "
+                         "SLURM_JOB_NODELIST); run the notebook under `salloc` or name the hosts")
+    if shutil.which("scontrol") is None:
+        raise ValueError("--hosts slurm needs `scontrol` on PATH to expand the node list")
+    out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True,
+                         text=True, timeout=_TIMEOUT, stdin=subprocess.DEVNULL)
+    hosts = out.stdout.split()
+    if out.returncode or not hosts:
+        raise ValueError(f"`scontrol show hostnames {nodelist}` failed: {out.stderr.strip()}")
+    per = os.environ.get("SLURM_NTASKS_PER_NODE", "1")
+    return hosts, per.split("(")[0].split(",")[0]  # SLURM writes e.g. "4(x2)"
 
 
 def describe_end(state: JobState) -> str:
