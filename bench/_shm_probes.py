@@ -81,7 +81,7 @@ def clear() -> None:
 def set_min_bytes(n: int) -> int:
     """The path's threshold in this process (a tensor smaller than ``n`` bytes keeps
     TensorPipe's path); returns the one before."""
-    cfg = shm._config
+    cfg = shm._current_config()
     if cfg is None:
         raise RuntimeError("the shared-memory path is off in this process")
     before, cfg.min_bytes = cfg.min_bytes, n
@@ -91,7 +91,7 @@ def set_min_bytes(n: int) -> int:
 def set_pack_bytes(n: int) -> int:
     """The size from which a smaller tensor joins its message's span in this process (once
     the message met the threshold's bytes); returns the one before."""
-    cfg = shm._config
+    cfg = shm._current_config()
     if cfg is None:
         raise RuntimeError("the shared-memory path is off in this process")
     before, cfg.pack_bytes = cfg.pack_bytes, n

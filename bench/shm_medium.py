@@ -87,7 +87,7 @@ def _rounds(contenders: tuple, run: Callable[[str], list[float]], rounds: int) -
 def one_tensor(plain: Plain, sizes_mb: list[float], rounds: int, block: int) -> dict:
     """Echo of one tensor per size: every contender of ``ONE``."""
     fns = (echo, nbytes_of, held)
-    shipped = shm._config.min_bytes
+    shipped = shm._current_config().min_bytes
     out = {}
     for mb in sizes_mb:
         nbytes = int(mb * MB)
@@ -109,7 +109,7 @@ def one_tensor(plain: Plain, sizes_mb: list[float], rounds: int, block: int) -> 
 def many_tensors(plain: Plain, scale: float, rounds: int, block: int) -> dict:
     """Echo of ResNet-50's 161 gradients as one list: every contender of ``MANY``."""
     fns = (echo, nbytes_of, held)
-    shipped = shm._config.min_bytes
+    shipped = shm._current_config().min_bytes
     xs = resnet50_tensors(scale)
 
     def run(c: str) -> list[float]:
@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         c = None
         try:
             c = nbdist.start(1, worker_name="worker{rank}", threads=1, quiet=True)
-            res["min_kb"] = shm._config.min_bytes >> 10
+            res["min_kb"] = shm._current_config().min_bytes >> 10
             res["one"] = one_tensor(plain, sizes, rounds, args.block)
             res["many"] = many_tensors(plain, scale, rounds, args.block)
         finally:

@@ -15,7 +15,7 @@ PKG = Path(__file__).resolve().parent.parent / "nbdist"
 # lower number = lower layer; a module may import its own layer or lower ones
 LAYERS = {
     "devices": 0, "envflag": 0, "errors": 0, "linux": 0, "spec": 0, "table": 0,
-    "tracebacks": 0,
+    "tracebacks": 0, "world_state": 0,
     "patches": 1, "shipping": 1, "shm": 1, "groups": 1, "telemetry": 1,
     "proc": 2,
     "cluster": 3, "spawn": 3,

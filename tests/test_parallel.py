@@ -422,7 +422,7 @@ def test_barrier_waits_for_all_and_raises_on_missing(world):
               "todist.barrier(['worker1', 2], timeout=0.5)", ranks=[2], show=False)
     # the leader (this notebook) gives up: worker1, already waiting, fails at once with why
     exec_id = c.send_cell("todist.barrier(timeout=60)", [1])
-    waiting = barrier_module._waiting
+    waiting = barrier_module._state()
     # the leader must give up while worker1 waits, not before it came
     wait_until(lambda: "worker1" in waiting.get(tuple(c.names), {}), 60,
                "worker1 waiting at the notebook's barrier")

@@ -326,7 +326,7 @@ def test_bounded_what_does_not_fit_goes_the_ordinary_way(world, monkeypatch):
 # ------------------------------------------------------ many tensors in one message (issue 35)
 def in_arena(xs):
     """On the callee: which tensors of ``xs`` lie in a peer's arena mapped here."""
-    spans = [(p.addr, p.addr + p.length) for p in list(shm._peers.values()) if p.addr]
+    spans = [(p.addr, p.addr + p.length) for p in shm._mapped_peers() if p.addr]
     return [any(lo <= t.data_ptr() < hi for lo, hi in spans) for t in xs]
 
 

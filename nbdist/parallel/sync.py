@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from .. import world_state
 from ..patches import no_rpc
 from . import world as _world
 from .errors import BarrierError
@@ -37,20 +38,19 @@ except (ImportError, AttributeError):  # pragma: no cover - torch without RPC
 _OK = ("ok", "", ())
 
 _lock = threading.Lock()
-_owner: Any = None  # the nbdist Cluster (or None) the state below belongs to
-_waiting: dict[tuple[str, ...], dict[str, Any]] = {}  # group -> name -> its future
+
+
+class _Arrivals:
+    """The leader's arrivals in this world (a ``world_state`` part): group -> name -> the
+    future each waits on; a world's end forgets them."""
+
+    def __init__(self) -> None:
+        self.waiting: dict[tuple[str, ...], dict[str, Any]] = {}
 
 
 def _state() -> dict[tuple[str, ...], dict[str, Any]]:
-    """The leader's arrivals, forgotten when this process joined a different world."""
-    global _owner
-    from ..cluster import core as cluster
-
-    owner = cluster.current()
-    if owner is not _owner:
-        _owner = owner
-        _waiting.clear()
-    return _waiting
+    """The leader's arrivals in the world this process is in."""
+    return world_state.part(_Arrivals).waiting
 
 
 def _arrive_now(group: tuple[str, ...], name: str) -> Any:

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from .. import world_state
 from . import torch_private
 from .thread_states import pin
 
@@ -47,7 +48,6 @@ _active: dict[int, set[object]] = {}
 _hit: set[int] = set()  # threads an interrupt was injected into that have not dropped it yet
 _after_call: Callable[[], None] | None = None
 _on_failure: Callable[[BaseException, Any], None] | None = None
-_last_failed: Any = None  # destination of the last rpc_sync that raised
 _caller_installed = False
 _callee_installed = False
 
@@ -88,9 +88,17 @@ def detach() -> None:
     _ATTACHED.world = None
 
 
+class _LastFailed:
+    """Where the last ``rpc_sync`` that raised in this world was sent (a ``world_state``
+    part)."""
+
+    to: Any = None
+
+
 def last_failed_destination() -> Any:
     """Where the last ``rpc_sync`` that raised was sent (for ``%dist_debug``'s default)."""
-    return _last_failed
+    last = world_state.peek(_LastFailed)
+    return last.to if last is not None else None
 
 
 def set_on_failure(hook: Callable[[BaseException, Any], None] | None) -> None:
@@ -244,8 +252,7 @@ def install_caller() -> None:
         except KeyboardInterrupt:
             raise  # Ctrl-C returns at once; the output follows when it comes
         except BaseException:
-            global _last_failed
-            _last_failed = to
+            world_state.part(_LastFailed).to = to
             try:
                 _tell_replied(to)
             except KeyboardInterrupt:

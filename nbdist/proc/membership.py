@@ -9,6 +9,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+from .. import world_state
 from ..patches import process_group, rpc_hooks, thread_states
 from ..shipping import pickler as shipping
 from ..shm import transport as shm
@@ -84,7 +85,8 @@ def leave(group: bool = True, rpc_agent: bool = True, reset_rpc: bool = True,
     """Leave this process's world without waiting for any peer: ``interrupt`` RPC functions
     still running (they would hold up the shutdown), close shared memory, end user groups,
     end the default ``group``, shut the ``rpc_agent`` down, forget RPC's per-process state
-    (``reset_rpc``) and the RRef context (``reset_rrefs``) for the next world."""
+    (``reset_rpc``) and the RRef context (``reset_rrefs``) for the next world; last, drop
+    what described the world (``world_state.end``)."""
     import torch.distributed.rpc as rpc
 
     if interrupt:
@@ -104,3 +106,4 @@ def leave(group: bool = True, rpc_agent: bool = True, reset_rpc: bool = True,
         from ..patches import rref_reset
 
         rref_reset.reset_singleton()
+    world_state.end()  # what described the world (shm, tracing, barriers...) goes with it

@@ -20,6 +20,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from .. import world_state
 from ..envflag import switched_on
 from .arena import Arena, PeerArena
 
@@ -56,9 +57,49 @@ class _Config:
         self.local, self.all_local = local, all_local
 
 
-_config: _Config | None = None
-_arena: Arena | None = None
-_peers: dict[tuple[int, int], PeerArena] = {}
+class _ShmWorld:
+    """This process's side of the path in its world (a ``world_state`` part): the settings,
+    its own arena (made at the first large message) and the peers' arenas mapped here."""
+
+    def __init__(self) -> None:
+        self.config: _Config | None = None
+        self.arena: Arena | None = None
+        self.peers: dict[tuple[int, int], PeerArena] = {}
+
+    def close(self) -> None:
+        """The arena's descriptor and mapping go (peers keep what they hold); mappings of
+        peers' arenas go as soon as nothing here holds their slots."""
+        with _lock:
+            self.config = None
+            arena, self.arena = self.arena, None
+            peers = list(self.peers.values())
+            self.peers.clear()
+        if arena is not None:
+            arena.close()
+        for p in peers:
+            p.retire()
+
+    def in_forked_child(self) -> None:
+        """A forked child is not a rank of its parent's world: only the descriptor goes."""
+        if self.arena is not None:
+            try:
+                os.close(self.arena.fd)
+            except OSError:
+                pass
+
+
+def _current_config() -> _Config | None:
+    """The current world's settings (benches tune them), None when the path is off here."""
+    world = world_state.peek(_ShmWorld)
+    return world.config if world is not None else None
+
+
+def _mapped_peers() -> list[PeerArena]:
+    """The peers' arenas mapped here in the current world (tests look into them)."""
+    world = world_state.peek(_ShmWorld)
+    return list(world.peers.values()) if world is not None else []
+
+
 _lock = threading.Lock()
 _thread_tables: Any = None  # torch's thread-local tensor tables (given by shipping)
 _EMPTY: Any = None
@@ -106,45 +147,21 @@ def world_config(placement: list, names: list[str], rank: int) -> dict | None:
 def open_world(cfg: dict | None) -> None:
     """A world starts: send large tensors this way to ``cfg["local"]`` names (and replies
     too when ``cfg["all_local"]``); None (``world_config`` said off) leaves the path off."""
-    global _config, _EMPTY
+    global _EMPTY
     close_world()
     if cfg is None or _thread_tables is None:
         return
     import torch
 
     _EMPTY = torch.empty(0, dtype=torch.uint8)
-    _config = _Config(cfg, set(cfg["local"]), cfg["all_local"])
+    world_state.part(_ShmWorld).config = _Config(cfg, set(cfg["local"]), cfg["all_local"])
 
 
 def close_world() -> None:
-    """The world ends: the arena's descriptor and mapping go (peers keep what they hold);
-    mappings of peers' arenas go as soon as nothing here holds their slots."""
-    global _config, _arena
-    with _lock:
-        _config = None
-        arena, _arena = _arena, None
-        peers = list(_peers.values())
-        _peers.clear()
-    if arena is not None:
-        arena.close()
-    for p in peers:
-        p.retire()
-
-
-def _after_fork() -> None:
-    """A forked child is not a rank of its parent's world: drop the parent's arena here."""
-    global _config, _arena
-    _config = None
-    if _arena is not None:
-        try:
-            os.close(_arena.fd)
-        except OSError:
-            pass
-        _arena = None
-    _peers.clear()
-
-
-os.register_at_fork(after_in_child=_after_fork)
+    """The world ends here (``world_state.end`` does it too): see ``_ShmWorld.close``."""
+    world = world_state.peek(_ShmWorld)
+    if world is not None:
+        world.close()
 
 
 _counts = {"sent": 0, "fallback": 0, "zero_copy": 0, "copied": 0}  # messages, this process
@@ -155,7 +172,8 @@ def usage() -> dict | None:
     slots of dead holders) and message counts since the process started (``sent`` through
     the arena, ``fallback``: did not fit; received ``zero_copy`` or ``copied``); None when
     the path is off."""
-    cfg, arena = _config, _arena
+    world = world_state.peek(_ShmWorld)
+    cfg, arena = (world.config, world.arena) if world is not None else (None, None)
     if cfg is None:
         return None
     if arena is None:
@@ -167,7 +185,8 @@ def begin(dest: str | None) -> _Message | None:
     """Before pickling a message to ``dest`` (None: a reply): note its large tensors if it
     goes to this host. Returns what ``end`` restores (pickling can nest)."""
     prev = _tls.msg
-    cfg = _config
+    world = world_state.peek(_ShmWorld)
+    cfg = world.config if world is not None else None
     if cfg is None or not (cfg.all_local if dest is None else dest in cfg.local):
         _tls.msg = None
     else:
@@ -215,19 +234,21 @@ def tensor_reducer(orig: Callable[[Any], Any]) -> Callable[[Any], Any]:
 
 
 def _get_arena() -> Arena | None:
-    global _arena, _config
+    world = world_state.peek(_ShmWorld)
+    if world is None:
+        return None
     with _lock:
-        cfg = _config
-        if _arena is None and cfg is not None:
+        cfg = world.config
+        if world.arena is None and cfg is not None:
             try:
-                _arena = Arena(cfg.size)
+                world.arena = Arena(cfg.size)
             except OSError as exc:
                 import sys
 
                 print(f"nbdist: no shared-memory arena ({exc}); large tensors take "
                       "TensorPipe", file=sys.stderr)
-                _config = None
-        return _arena
+                world.config = None
+        return world.arena
 
 
 def _u8(addr: int, nbytes: int) -> Any:
@@ -332,12 +353,13 @@ def _receive(desc_index: int, k: int) -> Any:
 def _peer(pid: int, fd: int, token: int, length: int) -> PeerArena:
     """The sender's arena mapped here, pinned (a world closing meanwhile keeps it mapped)."""
     key = (pid, token)
+    world = world_state.peek(_ShmWorld)
     with _lock:
-        peer = _peers.get(key)
+        peer = world.peers.get(key) if world is not None else None
         if peer is None:
             peer = PeerArena(pid, fd, token, length)
-            if _config is not None:  # else used for this message only, then retired
-                _peers[key] = peer
+            if world is not None and world.config is not None:  # else used for this message
+                world.peers[key] = peer                          # only, then retired
             else:
                 peer.retired = True
         if not peer.pin():

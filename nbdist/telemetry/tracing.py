@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from time import perf_counter
 from typing import Any
 
+from .. import world_state
 from ..envflag import switched_on
 from ..patches import torch_private
 from ..patches.thread_states import pin
@@ -47,10 +48,29 @@ KEEP_TIMELINE = 50_000  # most recent calls kept for the dashboard's plots over 
 FOLD_AT = 10_000  # rank 0 folds its finished calls into the aggregates beyond this many
 
 _enabled = switched_on(ENV)
-_armed = False
-_on = False  # _enabled and _armed: the one flag the hot path reads
-_caller = "worker0"
-_peers: Callable[[], list[str]] | None = None  # live workers' names, for enable(everywhere)
+_on = False  # _enabled and this world armed: the one flag the hot path reads
+
+
+class _TracedWorld:
+    """What tracing knows of the world this rank is in (a ``world_state`` part): its name,
+    whether the world is ready (armed), its wall clock's offset and how to find the live
+    workers (rank 0, for ``enable(everywhere)``). Its end stops tracing until the next arm."""
+
+    def __init__(self) -> None:
+        self.caller = "worker0"
+        self.armed = False
+        self.wall_offset = time.time() - perf_counter()
+        self.peers: Callable[[], list[str]] | None = None
+
+    def close(self) -> None:
+        _update()
+
+
+_NO_WORLD = _TracedWorld()  # between worlds: never armed, never changed
+
+
+def _world() -> _TracedWorld:
+    return world_state.peek(_TracedWorld) or _NO_WORLD
 
 
 class _Local(threading.local):
@@ -62,7 +82,6 @@ class _Local(threading.local):
 
 _tls = _Local()
 _done: collections.deque = collections.deque()  # (callee, function, t0, latency, bytes)
-_wall_offset = time.time() - perf_counter()
 _installed = False
 _install_lock = threading.Lock()
 _Tensor: Any = None
@@ -71,7 +90,7 @@ _proxy_funcs: tuple = ()
 
 def _update() -> None:
     global _on
-    _on = _enabled and _armed
+    _on = _enabled and _world().armed
 
 
 # ---------------------------------------------------------------------------- hot path
@@ -264,10 +283,10 @@ def install(rank: int, name: str) -> None:
 
     Called on every rank as it joins a world, before ``init_rpc``.
     """
-    global _installed, _Tensor, _proxy_funcs, _enabled, _armed, _caller
+    global _installed, _Tensor, _proxy_funcs, _enabled
     with _install_lock:
-        _caller = name
-        _armed = False
+        here = world_state.part(_TracedWorld)
+        here.caller, here.armed = name, False
         if rank != 0:  # a worker takes the notebook's setting through its environment
             _enabled = switched_on(ENV)
         _update()
@@ -294,16 +313,13 @@ def install(rank: int, name: str) -> None:
 
 def set_peers(peers: Callable[[], list[str]] | None) -> None:
     """Register how to find the live workers' names (the cluster layer does, at start)."""
-    global _peers
-    _peers = peers
+    world_state.part(_TracedWorld).peers = peers
 
 
 def arm(rank: int, name: str) -> None:
     """This rank's world is ready: trace from now on (the rank's start-up calls this)."""
-    global _armed, _caller, _wall_offset
-    _caller = name
-    _wall_offset = time.time() - perf_counter()
-    _armed = True
+    here = world_state.part(_TracedWorld)
+    here.caller, here.wall_offset, here.armed = name, time.time() - perf_counter(), True
     _update()
 
 
@@ -329,7 +345,8 @@ def enable(on: bool = True, everywhere: bool = True, timeout: float = 10.0) -> N
     _set_enabled(on)
     if not everywhere:
         return
-    peers = _peers() if _peers is not None else []
+    find = _world().peers
+    peers = find() if find is not None else []
     if not peers:
         return
     import torch.distributed.rpc as rpc
@@ -371,7 +388,7 @@ def _take_done() -> list[tuple]:
     """Completed calls of this rank as ``(callee, function, wall time, latency, bytes)``."""
     n = len(_done)
     pop = _done.popleft
-    off = _wall_offset
+    off = _world().wall_offset
     rows = []
     try:
         for _ in range(n):
@@ -403,7 +420,7 @@ def _add(caller: str, rows: list[tuple]) -> None:
 
 def _drain_local() -> None:
     if _done:
-        _add(_caller, _take_done())
+        _add(_world().caller, _take_done())
 
 
 def _fold() -> None:
@@ -419,7 +436,7 @@ def _ship() -> list[dict]:
     """Worker side: this rank's new rows as internal records for the next metrics batch."""
     if not _done:
         return []
-    return [{records.INTERNAL: "trace", "caller": _caller, "rows": _take_done()}]
+    return [{records.INTERNAL: "trace", "caller": _world().caller, "rows": _take_done()}]
 
 
 def _receive(rec: dict) -> None:
