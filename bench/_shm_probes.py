@@ -13,8 +13,7 @@ import resource
 import time
 from typing import Any
 
-from nbdist.shm import arena as arena_mod
-from nbdist.shm import transport as shm
+from nbdist.shm import arena as arena_mod, transport as shm
 
 __all__ = ["clear", "echo", "install_probes", "records", "remove_probes", "set_min_bytes",
            "set_pack_bytes", "set_threaded_copy"]

@@ -9,19 +9,22 @@ from __future__ import annotations
 from typing import Any
 
 from . import linux  # noqa: F401  first: on another platform, one line instead of a failure later
+
+# isort: split
+from . import errors as _errors
 from .cluster import Cluster, current, release_hosts, start, stop
 from .cluster.router import in_jupyter as _in_jupyter
 from .errors import (
-    CellInterrupted,
-    ClusterStateError,
-    DistCallError,
-    DistCellError,
-    DistTimeoutError,
-    NbdistError,
-    NoRpcError,
-    RemoteError,
-    StartError,
-    WorkerDiedError,
+    CellInterrupted as CellInterrupted,
+    ClusterStateError as ClusterStateError,
+    DistCallError as DistCallError,
+    DistCellError as DistCellError,
+    DistTimeoutError as DistTimeoutError,
+    NbdistError as NbdistError,
+    NoRpcError as NoRpcError,
+    RemoteError as RemoteError,
+    StartError as StartError,
+    WorkerDiedError as WorkerDiedError,
 )
 from .patches import process_group as _process_group
 from .spawn import in_world as _spawn
@@ -31,18 +34,9 @@ from .telemetry.tracing import rpc_stats
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "CellInterrupted",
+__all__ = [  # the exceptions first (errors.RAISED), then the rest
+    *_errors.RAISED,
     "Cluster",
-    "ClusterStateError",
-    "DistCallError",
-    "DistCellError",
-    "DistTimeoutError",
-    "NbdistError",
-    "NoRpcError",
-    "RemoteError",
-    "StartError",
-    "WorkerDiedError",
     "__version__",
     "clear_history",
     "current",

@@ -17,20 +17,11 @@ from dataclasses import dataclass
 
 from . import tracebacks
 
-__all__ = [
-    "CellInterrupted",
-    "ClusterStateError",
-    "DistCallError",
-    "DistCellError",
-    "DistTimeoutError",
-    "NbdistError",
-    "NoRpcError",
-    "RankFailure",
-    "RemoteError",
-    "StartError",
-    "WorkerDiedError",
-    "safe_str",
-]
+#: The exceptions user code may catch; the package exports them at its top (``nbdist.X``).
+RAISED = ("CellInterrupted", "ClusterStateError", "DistCallError", "DistCellError",
+          "DistTimeoutError", "NbdistError", "NoRpcError", "RemoteError", "StartError",
+          "WorkerDiedError")
+__all__ = [*RAISED, "RAISED", "RankFailure", "safe_str"]
 
 
 class NbdistError(RuntimeError):

@@ -16,7 +16,7 @@ from nbdist.telemetry import tracing
 
 
 class _Part:
-    closed: list[str] = []  # noqa: RUF012 - the test's own record of closings
+    closed: list[str] = []  # the test's own record of closings
 
     def __init__(self) -> None:
         self.name = type(self).__name__

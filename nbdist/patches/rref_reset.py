@@ -15,8 +15,7 @@ import re
 import sys
 from functools import lru_cache
 
-from .elf_symbols import elf_symbols as _elf_symbols
-from .elf_symbols import libtorch_cpu as _libtorch_cpu
+from .elf_symbols import elf_symbols as _elf_symbols, libtorch_cpu as _libtorch_cpu
 
 __all__ = ["available", "next_id", "reset_singleton", "start_ids_at"]
 

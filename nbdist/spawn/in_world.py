@@ -29,8 +29,7 @@ from typing import Any
 from ..cluster import core
 from ..cluster.failfast import FailFast
 from ..errors import DistTimeoutError, RankFailure
-from ..spawn import one_rank as spawned
-from ..spawn import patch
+from ..spawn import one_rank as spawned, patch
 
 __all__ = ["AFTER_FAILURE", "BARE", "install", "starts_rpc", "take"]
 

@@ -21,8 +21,7 @@ import traceback
 from collections.abc import Callable
 
 from ..patches import no_rpc, rpc_barrier, rpc_hooks, rref_reset
-from ..shipping import own_main
-from ..shipping import pickler as shipping
+from ..shipping import own_main, pickler as shipping
 from ..spawn import hidden_groups
 
 __all__ = ["PAYLOAD", "call", "cell", "run"]

@@ -6,39 +6,25 @@ worlds, like ``nbdist.history()``.
 
 from __future__ import annotations
 
-import collections
-import threading
 import time
+
+from .counted_log import CountedLog
 
 __all__ = ["clear", "event", "events", "generation"]
 
 MAX_EVENTS = 200
-_events: collections.deque = collections.deque(maxlen=MAX_EVENTS)
-_lock = threading.Lock()
-_generation = 0
+_EVENTS_PER_PROCESS = CountedLog(keep=MAX_EVENTS)
 
 
 def event(kind: str, text: str) -> None:
     """Record that ``kind`` (``restart``, ``heal``) happened now, described by ``text``."""
-    global _generation
-    with _lock:
-        _events.append({"kind": kind, "text": text, "time": time.time()})
-        _generation += 1
+    _EVENTS_PER_PROCESS.add({"kind": kind, "text": text, "time": time.time()})
 
 
 def events() -> list[dict]:
     """The events so far, oldest first."""
-    with _lock:
-        return list(_events)
+    return _EVENTS_PER_PROCESS.items()
 
 
-def generation() -> int:
-    """Changes whenever an event is recorded (the dashboard redraws then)."""
-    return _generation
-
-
-def clear() -> None:
-    global _generation
-    with _lock:
-        _events.clear()
-        _generation += 1
+generation = _EVENTS_PER_PROCESS.changes  # moves at each event (the dashboard redraws)
+clear = _EVENTS_PER_PROCESS.clear

@@ -17,8 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import history as _history
-from . import outbox
+from . import history as _history, outbox
 from .history import (
     Table,
     deliver,

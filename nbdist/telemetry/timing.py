@@ -9,10 +9,10 @@ for example ``record_timing(4, "batch", 17.6)`` and ``record_timing(4, "no batch
 
 from __future__ import annotations
 
-import threading
 import time
 
 from . import records
+from .counted_log import CountedLog
 
 __all__ = ["LOG_KEYS", "clear_timings", "from_record", "record_timing", "timings",
            "timings_version"]
@@ -22,9 +22,7 @@ __all__ = ["LOG_KEYS", "clear_timings", "from_record", "record_timing", "timings
 #: records as bars, not as curves.
 LOG_KEYS = ("batching_observers", "batching_mode", "batching_seconds")
 
-_lock = threading.Lock()
-_timings: list[dict] = []
-_version = 0
+_TIMINGS_PER_PROCESS = CountedLog()
 
 
 def record_timing(observers: int, mode: str, seconds: float) -> None:
@@ -40,10 +38,7 @@ def record_timing(observers: int, mode: str, seconds: float) -> None:
 
 
 def _add(row: dict) -> None:
-    global _version
-    with _lock:
-        _timings.append(row)
-        _version += 1
+    _TIMINGS_PER_PROCESS.add(row)
 
 
 def _receive(rec: dict) -> None:
@@ -67,18 +62,8 @@ def from_record(rec: dict) -> dict | None:
 
 def timings() -> list[dict]:
     """Copies of every recorded timing: ``observers``, ``mode``, ``seconds``, ``time``, ``rank``."""
-    with _lock:
-        return [dict(t) for t in _timings]
+    return _TIMINGS_PER_PROCESS.items()
 
 
-def timings_version() -> int:
-    """A number that changes whenever a timing is recorded or cleared."""
-    return _version
-
-
-def clear_timings() -> None:
-    """Forget every recorded timing."""
-    global _version
-    with _lock:
-        _timings.clear()
-        _version += 1
+timings_version = _TIMINGS_PER_PROCESS.changes  # moves when a timing is recorded or cleared
+clear_timings = _TIMINGS_PER_PROCESS.clear  # forget every recorded timing
