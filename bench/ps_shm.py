@@ -93,6 +93,10 @@ class BatchUpdateParameterServer:
         self.optimizer = optim.SGD(self.model.parameters(), lr=lr, momentum=0.9)
         for p in self.model.parameters():
             p.grad = torch.zeros_like(p)
+        # the bench's own: seconds of each step spent adding gradients, in the optimizer, and
+        # in set_result (which pickles and sends every trainer's reply on this thread)
+        self.phases: list[tuple[float, float, float]] = []
+        self.adding = 0.0
 
     def get_model(self) -> nn.Module:
         return self.model
@@ -103,16 +107,22 @@ class BatchUpdateParameterServer:
         self = ps_rref.local_value()
         with self.lock:
             self.curr_update_size += 1
+            t0 = time.perf_counter()
             for p, g in zip(self.model.parameters(), grads, strict=True):
                 p.grad += g
+            self.adding += time.perf_counter() - t0
             fut = self.future_model
             if self.curr_update_size >= self.batch_update_size:
+                t1 = time.perf_counter()
                 for p in self.model.parameters():
                     p.grad /= self.batch_update_size
                 self.curr_update_size = 0
                 self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=False)
+                t2 = time.perf_counter()
                 fut.set_result(self.model)
+                self.phases.append((self.adding, t2 - t1, time.perf_counter() - t2))
+                self.adding = 0.0
                 self.future_model = torch.futures.Future()
         return fut
 
@@ -145,8 +155,9 @@ CONFIGS = {  # name -> (model factory, trainers, input shape per step)
 }
 
 
-def one_world(name: str, shm_on: bool, steps: int, scale: float) -> list[float]:
-    """Seconds per step of every trainer (after one step of warm-up), in a fresh world."""
+def one_world(name: str, shm_on: bool, steps: int, scale: float) -> tuple[list[float], list]:
+    """Seconds per step of every trainer (after one step of warm-up), in a fresh world, and
+    the server's phases of each step after the first (``BatchUpdateParameterServer.phases``)."""
     make, trainers, shape = CONFIGS[name]
     os.environ["NBDIST_SHM"] = "1" if shm_on else "0"
     torch.manual_seed(0)
@@ -158,7 +169,7 @@ def one_world(name: str, shm_on: bool, steps: int, scale: float) -> list[float]:
         futs = [t.rpc_async(timeout=0).train(ps_rref, steps + 1) for t in remote]
         per = [fut.wait()[1:] for fut in futs]
         del remote, ps_rref, futs
-        return [statistics.median(step) for step in zip(*per, strict=True)]
+        return [statistics.median(step) for step in zip(*per, strict=True)], ps.phases[1:]
     finally:
         c.stop()
         os.environ.pop("NBDIST_SHM", None)
@@ -177,19 +188,23 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     t0 = time.monotonic()
     samples: dict[str, dict[str, list[float]]] = {}
+    server: dict[str, dict[str, list[list[float]]]] = {}  # name -> on/off -> [add, opt, reply]
     for r in range(rounds):
         for name in CONFIGS:
             for on in ((False, True) if r % 2 == 0 else (True, False)):
                 key = "on" if on else "off"
-                samples.setdefault(name, {}).setdefault(key, []).append(
-                    statistics.median(one_world(name, on, steps, scale)))
+                step_s, phases = one_world(name, on, steps, scale)
+                samples.setdefault(name, {}).setdefault(key, []).append(statistics.median(step_s))
+                server.setdefault(name, {}).setdefault(key, []).append(
+                    [statistics.median(x) for x in zip(*phases, strict=True)] if phases else [])
         print(f"round {r + 1}/{rounds} (load {os.getloadavg()[0]:.1f})", flush=True)
     res = {"when": datetime.datetime.now().isoformat(timespec="seconds"),
            "commit": _common.measured_commit(),
            "machine": f"{platform.machine()}, {os.cpu_count()} cores",
            "torch": torch.__version__, "rounds": rounds, "steps": steps,
            "load_1min": round(os.getloadavg()[0], 1), "smoke": args.smoke,
-           "seconds": round(time.monotonic() - t0, 1), "step_s": samples}
+           "seconds": round(time.monotonic() - t0, 1), "step_s": samples,
+           "server_s": server}
     (out / "ps_shm.json").write_text(json.dumps(res, indent=1))
     text = render(res)
     (out / "ps_shm.md").write_text(text)
@@ -202,9 +217,9 @@ def render(res: dict) -> str:
              f"{res['machine']}; torch {res['torch']}; nbdist at {res['commit']}; "
              f"{res['when']}; {res['rounds']} rounds interleaved (off/on order flips), "
              f"{res['steps']} steps each after one warm-up, a fresh world per run; 1-min load "
-             f"average {res['load_1min']} at the end (2 cores shared with other jobs: the "
-             "figures are noisy, read the ratio). `python bench/ps_shm.py`.", "",
-             "On this loaded machine the second world of an off/on pair often ran slower "
+             f"average {res['load_1min']} at the end (on a shared machine the figures are "
+             "noisy: read the ratio). `python bench/ps_shm.py`.", "",
+             "On a loaded machine the second world of an off/on pair often ran slower "
              "whichever it was (a separate check of DigitsNet, 20 steps, off-on-on-off: "
              "11, 62, 11, 59 ms per step): small-step rows are dominated by that order "
              "effect, hence the flipped order and the several rounds.", "",
@@ -215,6 +230,20 @@ def render(res: dict) -> str:
         mo, mn = statistics.median(off), statistics.median(on)
         lines.append(f"| {name} | {mo:.3f}, {min(off):.3f} | {mn:.3f}, {min(on):.3f} | "
                      f"**{mo / mn:.2f}×** |")
+    lines += ["", "The server's part of a step (ms, median over the worlds of each world's median "
+              "step): adding the trainers' gradients (all of them), the optimizer, and "
+              "`set_result`, which pickles and sends every trainer's reply (the model) on the "
+              "server's thread: with the path on, each reply's tensors are copied into the "
+              "server's arena there, one trainer after the other; with it off, TensorPipe's "
+              "threads carry them and each trainer's side copies its own.", "",
+              "| workload | path | add gradients | optimizer | replies (`set_result`) |",
+              "|---|---|---|---|---|"]
+    for name, d in res.get("server_s", {}).items():
+        for key in ("off", "on"):
+            rows = [r for r in d.get(key, []) if r]
+            if rows:
+                add, opt, reply = (statistics.median(col) * 1e3 for col in zip(*rows, strict=True))
+                lines.append(f"| {name} | {key} | {add:.1f} | {opt:.1f} | {reply:.1f} |")
     return "\n".join(lines) + "\n"
 
 

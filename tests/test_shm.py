@@ -153,6 +153,33 @@ def test_requires_grad_keeps_tensorpipe_and_gradients_flow(two):
     assert shm.usage()["sent"] == before
 
 
+def test_the_same_bytes_on_their_way_to_one_rank_go_to_another_by_tensorpipe(two):
+    """One copy of a tensor no rank took yet is enough: the same unchanged bytes to another
+    rank meanwhile go TensorPipe's way (that receiver copies its own); changed, or once the
+    first receiver took its copy, they take the arena again. Every value arrives exact."""
+    x = torch.randn(MB)  # 4 MB
+    first = x.clone()
+    stopped = two.ranks[1].pid
+    os.kill(stopped, signal.SIGSTOP)  # worker1 cannot take its message: it stays on its way
+    try:
+        before = shm.usage()
+        fut = rpc.rpc_async("worker1", echo, args=(x,))
+        wait_until(lambda: shm.usage()["sent"] == before["sent"] + 1, 10, "the first copy")
+        assert torch.equal(rpc.rpc_sync("worker2", echo, args=(x,)), x)
+        mid = shm.usage()
+        assert (mid["sent"], mid["repeat"]) == (before["sent"] + 1, before["repeat"] + 1)
+        x.add_(1)  # changed bytes: a copy of their own
+        assert torch.equal(rpc.rpc_sync("worker2", echo, args=(x,)), x)
+        assert (shm.usage()["sent"], shm.usage()["repeat"]) == (mid["sent"] + 1, mid["repeat"])
+    finally:
+        os.kill(stopped, signal.SIGCONT)
+    assert torch.equal(fut.wait(), first)  # the value at call time
+    again = shm.usage()
+    for _ in range(3):  # taken: one rank after the other, each call copies again
+        assert torch.equal(rpc.rpc_sync("worker1", echo, args=(x,)), x)
+    assert shm.usage()["sent"] == again["sent"] + 3 and shm.usage()["repeat"] == again["repeat"]
+
+
 def test_a_killed_ranks_slots_are_taken_back(world):
     c = world(2)
     x = torch.randn(4 * MB)

@@ -189,6 +189,11 @@ class Arena:
             return {"used": self.used(), "faulted": self.faulted, "size": self.size,
                     "slots": len(self._slots)}
 
+    def unclaimed(self, slot: int, gen: int) -> bool:
+        """Whether slot ``slot``, sent as generation ``gen``, is still on its way (sent, its
+        receiver has not taken it yet)."""
+        return self.words.state(slot) == SENT and self.words.gen(slot) == gen
+
     def release(self, slot: int) -> None:
         """The owner gives back a slot it allocated but did not send (before ``written``)."""
         with self._lock:
