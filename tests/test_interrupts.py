@@ -378,3 +378,42 @@ def test_ctrl_c_stops_cells_still_on_their_way(world, tmp_path):
     assert [r.error_type for r in got.values()] == ["KeyboardInterrupt"] * 2, got
     assert not marker.exists()
     assert c.run("6 * 7", show=False) == {1: "42"}  # the next cell runs as usual
+
+
+SWALLOWED = """
+import time
+class Slow:
+    def __del__(self):
+        print("in __del__", flush=True)
+        time.sleep(30)  # Ctrl-C lands here: Python reports it and swallows it
+slow = Slow()
+del slow
+time.sleep(30)
+"""
+
+
+def test_ctrl_c_that_python_swallowed_is_sent_again(world):
+    """A KeyboardInterrupt raised in a finalizer never reaches the cell (Python prints
+    "Exception ignored" and goes on): the worker signals again, and the cell stops."""
+    c = world(1)
+    cell = c.send_cell(SWALLOWED, [1])
+    time.sleep(1.0)  # in __del__ by now
+    t0 = time.monotonic()
+    c.interrupt([1])
+    got = c.collect(cell, [1], 10.0)[1]
+    assert got.error_type == "KeyboardInterrupt", got
+    assert time.monotonic() - t0 < 5.0
+    assert c.run("6 * 7", show=False) == {1: "42"}
+
+
+def test_ctrl_c_that_the_cell_catches_is_not_sent_again(world):
+    """A cell that catches the KeyboardInterrupt and cleans up is left to finish: one Ctrl-C
+    is one KeyboardInterrupt."""
+    c = world(1)
+    cell = c.send_cell("import time\ntry:\n    time.sleep(30)\nexcept KeyboardInterrupt:\n"
+                       "    time.sleep(2.0)  # cleaning up, longer than a re-signal's wait\n"
+                       "'cleaned up'", [1])
+    time.sleep(0.5)
+    c.interrupt([1])
+    got = c.collect(cell, [1], 10.0)[1]
+    assert (got.status, got.value) == ("ok", "'cleaned up'"), got

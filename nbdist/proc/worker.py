@@ -15,7 +15,9 @@ import queue
 import signal
 import sys
 import threading
+import time
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 from ..errors import safe_str
@@ -55,6 +57,22 @@ _executing = False
 _queued = 0  # the id of the last cell handed to the main thread
 _cancelled = 0  # cells up to this id were interrupted: one not begun yet does not run
 _rank = -1
+#: how often, and how long apart, an interrupt is signalled again while the cell it stops runs
+#: on with no KeyboardInterrupt raised into it (one that Python swallowed, see ``_CellRun``)
+_RESIGNAL_TRIES, _RESIGNAL_AFTER = 5, 0.3
+
+
+class _CellRun:
+    """The cell the main thread runs (0: none) and the last one a KeyboardInterrupt was raised
+    into; a KeyboardInterrupt that Python swallows (raised in a finalizer, or in IPython's
+    event hooks) is forgotten here, so the interrupt is signalled again."""
+
+    def __init__(self) -> None:
+        self.running = 0
+        self.raised = 0
+
+
+_CELL_RUN = _CellRun()
 
 
 def current_channel() -> Channel | None:
@@ -73,7 +91,28 @@ def _die_with_parent() -> None:
 def _on_sigint(signum: int, frame: Any) -> None:
     rpc_hooks.interrupt_rpc_threads()
     if _executing:
+        _CELL_RUN.raised = _CELL_RUN.running
         raise KeyboardInterrupt
+
+
+def _swallowed(unraisable: Any, hook: Callable[[Any], None] = sys.unraisablehook) -> None:
+    """``sys.unraisablehook``: a KeyboardInterrupt raised in a finalizer never reached the
+    cell; Python's own hook (or the one before) reports it as ever."""
+    if issubclass(unraisable.exc_type, KeyboardInterrupt):
+        _CELL_RUN.raised = 0
+    hook(unraisable)
+
+
+def _make_sure_interrupted(cell: int) -> None:
+    """After an interrupt: while the main thread still runs a cell up to ``cell`` and no
+    KeyboardInterrupt reached it, signal again (a few times, then leave it be)."""
+    main = threading.main_thread().ident
+    for _ in range(_RESIGNAL_TRIES):
+        time.sleep(_RESIGNAL_AFTER)
+        run = _CELL_RUN
+        if not (_executing and 0 < run.running <= cell and run.raised != run.running):
+            return
+        signal.pthread_kill(main, signal.SIGINT)
 
 
 def run_forked(cfg: RankConfig) -> None:
@@ -84,6 +123,7 @@ def run_forked(cfg: RankConfig) -> None:
     try:
         _die_with_parent()
         signal.signal(signal.SIGINT, _on_sigint)
+        sys.unraisablehook = _swallowed
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.chdir(cfg.cwd)
         os.environ.clear()
@@ -99,8 +139,6 @@ def run_forked(cfg: RankConfig) -> None:
         shell.bind(_channel.send, _rank, cfg.name)
         comms.install(_channel.send, _rank)  # widgets made here show in the notebook
         if os.environ.get("NBDIST_TEST_STALL_RANK") == str(_rank):  # for the fault tests
-            import time
-
             time.sleep(3600)  # never joins: the notebook's start deadline must end this
         if os.environ.get("NBDIST_TEST_FAIL_RANK") == str(_rank):  # for the fault tests
             raise RuntimeError(f"rank {_rank} fails at start-up on purpose "
@@ -388,6 +426,8 @@ def _read_commands(cells: queue.Queue) -> None:
             _cancelled = _queued  # before the signal: a cell about to begin sees it
             _debugger.end_all()
             signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+            threading.Thread(target=_make_sure_interrupted, args=(_cancelled,), daemon=True,
+                             name="nbdist-interrupt-check").start()  # ends within 1.5 s
             _drop_queued_output()
         elif isinstance(msg, (CommMsg, CommClose)):  # from a widget's view in the frontend
             comms.deliver(msg)
@@ -419,6 +459,7 @@ def _run_cell(ns: dict, code: str, filename: str, exec_id: int) -> Result:
     ``Result`` has the last expression's repr or the error and the cell's traceback."""
     global _executing
     try:
+        _CELL_RUN.running = exec_id
         _executing = True
         try:
             if exec_id <= _cancelled:  # Ctrl-C came while it was on its way
@@ -426,6 +467,7 @@ def _run_cell(ns: dict, code: str, filename: str, exec_id: int) -> Result:
             return shell.run_cell(code, filename, exec_id, lambda: exec_id <= _cancelled)
         finally:
             _executing = False
+            _CELL_RUN.running = 0
     except BaseException as exc:  # noqa: BLE001 - Ctrl-C just after the shell returned
         return Result(_rank, exec_id, "error", None, type(exc).__name__, safe_str(exc),
                       f"{type(exc).__name__}: {safe_str(exc)}\n")
