@@ -417,3 +417,29 @@ def test_ctrl_c_that_the_cell_catches_is_not_sent_again(world):
     c.interrupt([1])
     got = c.collect(cell, [1], 10.0)[1]
     assert (got.status, got.value) == ("ok", "'cleaned up'"), got
+
+
+SLOW_PRE_RUN = """
+ip = get_ipython()
+def _slow_pre_run(info):
+    ip.events.unregister("pre_run_cell", _slow_pre_run)
+    import time
+    time.sleep(3)  # Ctrl-C lands here: IPython's trigger catches it
+ip.events.register("pre_run_cell", _slow_pre_run)
+"""
+
+
+def test_ctrl_c_in_ipythons_event_hooks_is_sent_again(world):
+    """A cell on IPython's own path (here: the word async) whose pre-run hook the Ctrl-C hit:
+    IPython's trigger catches the KeyboardInterrupt and runs the cell; the worker signals
+    again and the cell stops."""
+    c = world(1)
+    c.run(SLOW_PRE_RUN, show=False)
+    cell = c.send_cell("import time  # async: IPython's own path\ntime.sleep(30)", [1])
+    time.sleep(1.0)  # in the hook by now
+    t0 = time.monotonic()
+    c.interrupt([1])
+    got = c.collect(cell, [1], 10.0)[1]
+    assert got.error_type == "KeyboardInterrupt", got
+    assert time.monotonic() - t0 < 5.0
+    assert c.run("6 * 7", show=False) == {1: "42"}

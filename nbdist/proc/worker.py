@@ -91,8 +91,20 @@ def _die_with_parent() -> None:
 def _on_sigint(signum: int, frame: Any) -> None:
     rpc_hooks.interrupt_rpc_threads()
     if _executing:
-        _CELL_RUN.raised = _CELL_RUN.running
+        _CELL_RUN.raised = 0 if _in_event_hook(frame) else _CELL_RUN.running
         raise KeyboardInterrupt
+
+
+def _in_event_hook(frame: Any) -> bool:
+    """Whether ``frame`` runs under IPython's ``EventManager.trigger``, which catches a
+    KeyboardInterrupt (the cell then runs on: the interrupt is signalled again)."""
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "trigger" and code.co_filename.endswith("events.py") and \
+                "IPython" in code.co_filename:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _swallowed(unraisable: Any, hook: Callable[[Any], None] = sys.unraisablehook) -> None:
