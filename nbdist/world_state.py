@@ -68,7 +68,7 @@ def part(kind: type[T]) -> T:
 
 def peek(kind: type[T]) -> T | None:
     """The current world's ``kind`` part, or None."""
-    return _current._parts.get(kind)
+    return _current.peek(kind)
 
 
 def end() -> None:

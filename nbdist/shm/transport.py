@@ -189,8 +189,7 @@ def begin(dest: str | None) -> _Message | None:
     """Before pickling a message to ``dest`` (None: a reply): note its large tensors if it
     goes to this host. Returns what ``end`` restores (pickling can nest)."""
     prev = _tls.msg
-    world = world_state.peek(_ShmWorld)
-    cfg = world.config if world is not None else None
+    cfg = _current_config()
     if cfg is None or not (cfg.all_local if dest is None else dest in cfg.local):
         _tls.msg = None
     else:
@@ -237,10 +236,8 @@ def tensor_reducer(orig: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return reduce
 
 
-def _get_arena() -> Arena | None:
-    world = world_state.peek(_ShmWorld)
-    if world is None:
-        return None
+def _get_arena(world: _ShmWorld) -> Arena | None:
+    """``world``'s own arena, made at its first large message (None: the path is off)."""
     with _lock:
         cfg = world.config
         if world.arena is None and cfg is not None:
@@ -302,10 +299,10 @@ def _seal(tensors: list, send_tables: list, span: bool = True) -> Any:
         g[1] -= g[1] % _GROUP_ALIGN
         layout[key] = (len(layout), total)
         total += -(-(g[2] - g[1]) // _GROUP_ALIGN) * _GROUP_ALIGN
-    arena = _get_arena() if span else None
-    world = world_state.peek(_ShmWorld) if arena is not None else None
+    world = world_state.peek(_ShmWorld) if span else None
+    arena = _get_arena(world) if world is not None else None
     seen, repeat = None, False
-    if world is not None:
+    if arena is not None:
         # the same bytes (storages, ranges, versions) copied for a message no rank took yet:
         # the model a server returns to each of its trainers. A second copy by this thread
         # would hold them all up; TensorPipe lets each receiver copy its own
@@ -378,9 +375,9 @@ def _peer(pid: int, fd: int, token: int, length: int) -> PeerArena:
         peer = world.peers.get(key) if world is not None else None
         if peer is None:
             peer = PeerArena(pid, fd, token, length)
-            if world is not None and world.config is not None:  # else used for this message
-                world.peers[key] = peer                          # only, then retired
-            else:
+            if world is not None and world.config is not None:
+                world.peers[key] = peer
+            else:  # used for this message only, then retired
                 peer.retired = True
         if not peer.pin():
             raise RuntimeError(f"nbdist shm: process {pid}'s arena is no longer mapped here")
