@@ -26,7 +26,11 @@ from .errors import (
     StartError as StartError,
     WorkerDiedError as WorkerDiedError,
 )
-from .patches import process_group as _process_group
+from .patches import (
+    on_import as _on_import,
+    process_group as _process_group,
+    rpc_rerun as _rpc_rerun,
+)
 from .spawn import in_world as _spawn
 from .telemetry.events import events
 from .telemetry.records import clear_history, export_history, history, history_frame, log
@@ -91,6 +95,9 @@ def load_ipython_extension(ipython: Any) -> None:
     ipython.register_magics(DistMagics)
     register(ipython)
     ipython.events.register("pre_run_cell", _new_cell)
+    ipython.events.register("pre_run_cell", _rpc_rerun.cell_started)
+    ipython.events.register("post_run_cell", _rpc_rerun.after_cell)
+    _on_import.after_import("torch.distributed.rpc", lambda _m: _rpc_rerun.install())
     _torch_first(ipython)
     _spawn.install()  # before the background import: it patches torch as torch is imported
     _process_group.install_on_import()  # so is init_process_group, for names bound early

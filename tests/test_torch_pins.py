@@ -102,6 +102,7 @@ PINNED = {
     "torch.distributed.rpc.api._all_gather_sequence_id_to_states",
     "torch.distributed.rpc.api._is_current_rpc_agent_set",
     "torch.distributed.rpc.api._get_current_rpc_agent",
+    "torch.distributed.rpc.api._ignore_rref_leak",
     "torch.distributed.rpc._init_counter",
     "torch.distributed.rpc._init_counter_lock",
     "torch.distributed.rpc.rendezvous_iterator",

@@ -390,16 +390,18 @@ def interrupt_rpc_threads() -> int:
         return len(_active)
 
 
-def reset_world_state(init_count: int = 0) -> None:
+def reset_world_state(init_count: int = 0, keep_init_counter: bool = False) -> None:
     """Forget the per-process RPC counters so this process can join a fresh world;
-    ``init_count`` names the next ``init_rpc``'s keys (every member must give the same)."""
+    ``init_count`` names the next ``init_rpc``'s keys (every member must give the same;
+    ``keep_init_counter``: leave it as it is)."""
     if not torch_private.usable("restart"):
         return  # said at %load_ext: a second world in this process hangs
     import torch.distributed.rpc as rpc
     from torch.distributed.rpc import api
 
     with rpc._init_counter_lock:
-        rpc._init_counter = init_count
+        if not keep_init_counter:
+            rpc._init_counter = init_count
         # the last init_rpc's rendezvous, kept by torch so its tcp:// store keeps serving:
         # the next one (same address) must not meet there
         vars(rpc).pop("rendezvous_iterator", None)

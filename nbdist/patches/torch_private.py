@@ -40,6 +40,8 @@ FEATURES = {
     "restart": "a second world in one kernel hangs (%dist_restart, --keep, --heal): "
                "restart the kernel between worlds",
     "rref_reset": "RRefs held in the notebook may fail after %dist_restart",
+    "rerun": "a cell with its own init_rpc ... shutdown may hang when it runs a second time "
+             "in one kernel",
     "tp_address": "switching between a local world and one across hosts needs a kernel "
                   "restart",
     "tracing": "no RPC tracing (rpc_stats and the dashboard's latencies stay empty)",
@@ -202,6 +204,10 @@ PRIVATES: tuple[Private, ...] = (
     Private("restart", _API, "_all_gather_dict_lock", _lock),
     Private("restart", _API, "_all_gather_sequence_id", _is(dict)),
     Private("restart", _API, "_all_gather_sequence_id_to_states", _defaultdict),
+    # rerun: a cell's own init_rpc starts as a fresh process's; its agent ends if it fails
+    Private("rerun", _API, "_is_current_rpc_agent_set", _arity(0)),
+    Private("rerun", _API, "_get_current_rpc_agent", _arity(0)),
+    Private("rerun", _API, "_ignore_rref_leak", _is(bool)),
     # C++ statics found in libtorch_cpu.so's symbol table
     Private("rref_reset", "libtorch_cpu.so", "RRefContext::getInstance()::context",
             lambda obj: obj is True, lookup=_rref_symbols),

@@ -44,8 +44,9 @@ def join_rpc(name: str, rank: int, world_size: int, init_method: str, timeout: f
     more = {} if threads is None else {"num_worker_threads": threads}
     opts = rpc.TensorPipeRpcBackendOptions(init_method=init_method, rpc_timeout=timeout,
                                            device_maps=device_maps or None, **more)
-    run(lambda: rpc.init_rpc(name, rank=rank, world_size=world_size,
-                             rpc_backend_options=opts), "join the RPC world (init_rpc)")
+    init_rpc = getattr(rpc.init_rpc, "__nbdist_wrapped__", rpc.init_rpc)  # torch's own
+    run(lambda: init_rpc(name, rank=rank, world_size=world_size,
+                         rpc_backend_options=opts), "join the RPC world (init_rpc)")
 
 
 def rpc_joined(shm_config: dict | None) -> None:

@@ -44,7 +44,7 @@ def preload() -> None:
     import torch.distributed.autograd  # noqa: F401
     import torch.distributed.rpc  # noqa: F401
 
-    from ..patches import quiet, rpc_hooks, rref_reset, torch_private  # noqa: F401
+    from ..patches import quiet, rpc_hooks, rpc_rerun, rref_reset, torch_private  # noqa: F401
     from ..shipping import pickler  # noqa: F401
     from ..telemetry import records, tracing  # noqa: F401
     from . import shell, worker  # noqa: F401
@@ -53,6 +53,7 @@ def preload() -> None:
     rref_reset.available()  # parses libtorch's symbol table once; children inherit the result
     torch_private.problems()  # every private name looked up once, here, not in each worker
     shell.preload()  # each worker's IPython shell, made once (~30 ms) before any fork
+    rpc_rerun.install()  # a cell's own init_rpc runs again as in a fresh process
 
     warnings.resetwarnings()
 

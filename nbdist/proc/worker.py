@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import safe_str
-from ..patches import quiet, rpc_hooks
+from ..patches import quiet, rpc_hooks, rpc_rerun
 from . import comms, cuda, membership, shell
 from .channel import Channel, ChannelBlocked, connect
 from .debugger import Debugger
@@ -476,7 +476,10 @@ def _run_cell(ns: dict, code: str, filename: str, exec_id: int) -> Result:
         try:
             if exec_id <= _cancelled:  # Ctrl-C came while it was on its way
                 raise KeyboardInterrupt
-            return shell.run_cell(code, filename, exec_id, lambda: exec_id <= _cancelled)
+            rpc_rerun.cell_started()
+            result = shell.run_cell(code, filename, exec_id, lambda: exec_id <= _cancelled)
+            rpc_rerun.cell_ended(result.status != "ok")
+            return result
         finally:
             _executing = False
             _CELL_RUN.running = 0

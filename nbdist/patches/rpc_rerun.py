@@ -1,0 +1,120 @@
+"""A cell with its own ``init_rpc`` ... ``shutdown`` runs again as a fresh process's would.
+
+torch keeps per-process RPC state past ``rpc.shutdown()`` that a script never meets twice: the
+RRef context (marked destroyed and still holding the old agent, so the next run's RRefs are
+never released and its shutdown waits: "Timed out waiting for pending OwnerRRefs"), the last
+rendezvous and the all-gather sequence numbers. ``install()`` wraps ``rpc.init_rpc``: with no
+agent up, that state is forgotten first. A cell that fails with an agent it started still up
+ends that agent (``cell_ended``), as the failed script's process would have ended.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["after_cell", "cell_ended", "cell_started", "end_agent", "install", "started_here"]
+
+
+@dataclass
+class _UserAgent:
+    """The agent user code started in this process (per process: one agent at a time)."""
+
+    agent: Any = None  # the agent the user's last init_rpc made (None: none, or it ended)
+    this_cell: bool = False  # made by the cell running now
+    installed: bool = False
+
+
+_AGENT_PER_PROCESS = _UserAgent()
+_lock = threading.Lock()
+
+
+def install() -> None:
+    """Wrap ``torch.distributed.rpc.init_rpc`` (once per process; needs torch's RPC)."""
+    import torch.distributed.rpc as rpc
+
+    with _lock:
+        if _AGENT_PER_PROCESS.installed or not rpc.is_available():
+            return
+        _AGENT_PER_PROCESS.installed = True
+        rpc.init_rpc = _wrap(rpc.init_rpc)
+
+
+def _wrap(init_rpc: Any) -> Any:
+    @functools.wraps(init_rpc)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from torch.distributed.rpc import api
+
+        from . import torch_private
+
+        if not (torch_private.usable("rerun") and torch_private.usable("restart")):
+            return init_rpc(*args, **kwargs)  # said at %load_ext: a second run may hang
+        if not api._is_current_rpc_agent_set():
+            _forget_last_agent()
+        result = init_rpc(*args, **kwargs)
+        _AGENT_PER_PROCESS.agent = api._get_current_rpc_agent()
+        _AGENT_PER_PROCESS.this_cell = True
+        return result
+
+    wrapper.__nbdist_wrapped__ = init_rpc  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _forget_last_agent() -> None:
+    """What an earlier agent of this process left: its RRef context, rendezvous and
+    all-gather counters (``_init_counter`` is kept: the world's store may hold its keys)."""
+    from . import rpc_hooks, rref_reset
+
+    rref_reset.reset_singleton()
+    rpc_hooks.reset_world_state(keep_init_counter=True)
+
+
+def started_here() -> bool:
+    """Whether an agent user code started in this process is up now."""
+    from torch.distributed.rpc import api
+
+    agent = _AGENT_PER_PROCESS.agent
+    return agent is not None and api._is_current_rpc_agent_set() and \
+        api._get_current_rpc_agent() is agent
+
+
+def cell_started(*_: Any) -> None:
+    """A cell starts: an agent up now is an earlier cell's."""
+    _AGENT_PER_PROCESS.this_cell = False
+
+
+def cell_ended(failed: bool) -> None:
+    """A cell ended: if it ``failed`` and the agent it started is still up, shut that agent
+    down here, without waiting for peers, and say so."""
+    this_cell, _AGENT_PER_PROCESS.this_cell = _AGENT_PER_PROCESS.this_cell, False
+    if not (failed and this_cell and started_here()):
+        return
+    end_agent()
+    print("nbdist: the cell failed with the RPC agent its init_rpc started still up; it was "
+          "shut down here, as the script's process would have ended", file=sys.stderr)
+
+
+def after_cell(result: Any) -> None:
+    """``cell_ended`` as IPython's ``post_run_cell`` callback (the notebook's shell)."""
+    if _AGENT_PER_PROCESS.this_cell:
+        cell_ended(not result.success)
+
+
+def end_agent() -> None:
+    """Shut down the agent user code started, locally (peers are not waited for), ignoring
+    RRef leaks as a process that ends does."""
+    import torch.distributed.rpc as rpc
+    from torch.distributed.rpc import api
+
+    ignore = api._ignore_rref_leak
+    api._ignore_rref_leak = True
+    try:
+        rpc.shutdown(graceful=False)
+    except Exception:  # noqa: BLE001 - its peers gone, or it ended meanwhile
+        pass
+    finally:
+        api._ignore_rref_leak = ignore
+        _AGENT_PER_PROCESS.agent = None

@@ -1,0 +1,91 @@
+"""Issue 41, item 3: a cell with its own ``init_rpc`` ... ``shutdown`` runs again and again.
+
+torch keeps the RRef context of a shut-down agent (destroyed, holding that agent), so a second
+run in one process hangs in ``shutdown`` ("Timed out waiting for pending OwnerRRefs to be
+deleted"). A script never meets this: each run is a fresh process. In a world (and in a kernel
+with no world) the second, fifth run passes on every rank, the notebook included, and a run
+that fails leaves the next one working. Real kernels, real worlds, torch's own RPC.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = [pytest.mark.timeout(300)]
+
+# the script form of an RPC program: its own init_rpc (env://, as torchrun sets it) and shutdown
+RUN = """%%dist --local
+import os, torch, torch.distributed.rpc as rpc
+rank, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+rpc.init_rpc(f"worker{rank}", rank=rank, world_size=n)
+peer = f"worker{(rank + 1) % n}"
+r = rpc.remote(peer, torch.add, args=(torch.ones(2), rank))
+s = rpc.rpc_sync(peer, torch.mul, args=(r.to_here(), 2))
+held = rpc.remote(peer, torch.neg, args=(torch.ones(3),))  # still held at shutdown, as tests do
+FAIL
+print("run", RUN_ID, "rank", rank, s.tolist())
+rpc.shutdown()
+"""
+
+
+def _run(kernel, run_id: int, fail: str = "") -> object:
+    code = RUN.replace("RUN_ID", str(run_id)).replace("FAIL", fail)
+    return kernel.execute(code, timeout=90)
+
+
+def test_a_script_form_cell_runs_five_times_on_every_rank(kernel):
+    kernel.execute("%load_ext nbdist")
+    rep = kernel.execute("%dist_start 2 --no-rpc --worker-name obs{rank}", timeout=120)
+    assert rep.status == "ok", rep.stderr
+    try:
+        for run_id in range(5):
+            rep = _run(kernel, run_id)
+            assert rep.status == "ok", (run_id, rep.stdout, rep.stderr, rep.error)
+            assert f"run {run_id} rank 0 [2.0, 2.0]" in rep.stdout
+            assert f"[obs1] run {run_id} rank 1 [4.0, 4.0]" in rep.stdout
+            assert f"[obs2] run {run_id} rank 2 [6.0, 6.0]" in rep.stdout
+    finally:
+        kernel.execute("%dist_stop", timeout=60)
+
+
+def test_a_run_that_fails_leaves_the_next_one_working(kernel):
+    kernel.execute("%load_ext nbdist")
+    rep = kernel.execute("%dist_start 2 --no-rpc", timeout=120)
+    assert rep.status == "ok", rep.stderr
+    try:
+        rep = _run(kernel, 0, fail="assert rank != 1, 'rank 1 fails before its shutdown'")
+        assert rep.status == "error"
+        assert "rank 1 fails before its shutdown" in rep.error["evalue"]
+        # every rank's agent went with the failed cell, as each script process would have
+        said = rep.stdout + rep.stderr
+        assert "its init_rpc started still up; it was shut down here" in said
+        for run_id in (1, 2):
+            rep = _run(kernel, run_id)
+            assert rep.status == "ok", (run_id, rep.stdout, rep.stderr, rep.error)
+            assert rep.stdout.count(f"run {run_id} rank") == 3
+        # a cell that succeeds leaves the agent it started up, for the cells after it
+        rep = kernel.execute(RUN.replace("FAIL", "").replace("rpc.shutdown()\n", "")
+                             .replace("RUN_ID", "3"), timeout=90)
+        assert rep.status == "ok", rep.stderr
+        rep = kernel.execute("%%dist --local\nprint('still up', rpc.is_available() and "
+                             "rpc.get_worker_info().name)\nrpc.shutdown()", timeout=90)
+        assert rep.status == "ok", rep.stderr
+        assert rep.stdout.count("still up worker") == 3
+    finally:
+        kernel.execute("%dist_stop", timeout=60)
+
+
+def test_a_kernel_without_a_world_runs_it_twice(kernel):
+    kernel.execute("%load_ext nbdist")
+    code = ("import os, torch, torch.distributed.rpc as rpc\n"
+            "os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=str(THEPORT))\n"
+            "rpc.init_rpc('solo', rank=0, world_size=1)\n"
+            "r = rpc.remote('solo', torch.add, args=(torch.ones(2), 1))\n"
+            "print('solo', r.to_here().tolist())\n"
+            "rpc.shutdown()")
+    from conftest import free_port
+
+    for _ in range(3):
+        rep = kernel.execute(code.replace("THEPORT", str(free_port())), timeout=60)
+        assert rep.status == "ok", (rep.stdout, rep.stderr, rep.error)
+        assert "solo [2.0, 2.0]" in rep.stdout
