@@ -1,0 +1,101 @@
+"""Run one of torch's shipped RPC tests on one rank, as torch's launcher does, and record how it
+ended. Imported by every rank of every side (a world's ranks, the control's plain processes,
+torch's own launcher through ``launched.py``): plain torch only, nothing of nbdist.
+
+Forms: ``script`` calls the test as written (``dist_init`` starts and shuts down RPC itself);
+``body`` calls what ``dist_init`` wraps, with its preamble but without ``init_rpc`` and
+``shutdown``, in a process whose RPC agent is up already (a world, or the control).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+import unittest
+from pathlib import Path
+from typing import Any
+
+from torch.testing._internal.common_distributed import TEST_SKIPS
+from torch.testing._internal.common_utils import set_rng_seed
+from torch.testing._internal.distributed import rpc_utils
+from torch.testing._internal.distributed.rpc.tensorpipe_rpc_agent_test_fixture import (
+    TensorPipeRpcAgentTestFixture,
+)
+
+__all__ = ["CLASSES", "dist_init_of", "instance", "run_one"]
+
+PREFIX = "TensorPipe"
+# the CPU suites torch's own test/distributed/rpc/test_tensorpipe_agent.py runs
+CLASSES: dict[str, type] = rpc_utils.generate_tests(
+    PREFIX, TensorPipeRpcAgentTestFixture,
+    rpc_utils.GENERIC_TESTS + rpc_utils.TENSORPIPE_TESTS, __name__)
+globals().update(CLASSES)
+_SKIP_CODES = {s.exit_code: s.message for s in TEST_SKIPS.values()}
+
+
+def dist_init_of(fn: Any) -> Any:
+    """The ``dist_init`` wrapper inside ``fn``'s decorators, or None."""
+    while fn is not None:
+        code = getattr(fn, "__code__", None)  # wraps() copies the name: look at the code
+        if code is not None and code.co_name == "new_test_method" \
+                and "old_test_method" in code.co_freevars:
+            return fn
+        fn = getattr(fn, "__wrapped__", None)
+    return None
+
+
+def instance(cls_name: str, name: str, rank: int, file_name: str) -> Any:
+    """The test case object a launched process makes (``MultiProcessTestCase._run``)."""
+    case = CLASSES[cls_name](name)
+    case.rank = rank
+    case.file_name = file_name
+    return case
+
+
+def _call(case: Any, name: str, form: str) -> None:
+    set_rng_seed()  # as MultiProcessTestCase.run_test does before each test
+    if form == "script":
+        getattr(case, name)()
+        return
+    wrapper = dist_init_of(getattr(type(case), name))
+    nonlocals = {k: c.cell_contents for k, c in
+                 zip(wrapper.__code__.co_freevars, wrapper.__closure__ or (), strict=True)}
+    import torch.distributed.rpc.api as api
+
+    api._ignore_rref_leak = False
+    case.worker_id = case.rank
+    case.setup_fault_injection(nonlocals["faulty_messages"], nonlocals["messages_to_delay"])
+    nonlocals["old_test_method"](case)
+
+
+def run_one(cls_name: str, name: str, rank: int, file_name: str, form: str,
+            out: str | None = None, raise_: bool = False) -> dict:
+    """Run the test on this rank; its outcome (``{"outcome": "pass" | "skip" | "fail",
+    "error": type name, "detail": last lines}``) is returned and, with ``out``, written to
+    ``out/<class>.<test>.<rank>.json``; ``raise_``: a failure is raised again after that (it
+    ends the cell, as it ends a launched process)."""
+    result: dict = {"outcome": "pass"}
+    failure: BaseException | None = None
+    try:
+        _call(instance(cls_name, name, rank, file_name), name, form)
+    except unittest.SkipTest as exc:
+        result = {"outcome": "skip", "detail": str(exc)}
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+        result = ({"outcome": "skip", "detail": _SKIP_CODES[code]} if code in _SKIP_CODES
+                  else {"outcome": "fail", "error": "SystemExit", "detail": str(code)})
+    except BaseException as exc:  # noqa: BLE001 - the test's outcome
+        failure = exc
+        result = {"outcome": "fail", "error": type(exc).__name__,
+                  "detail": "".join(traceback.format_exception(exc))[-2000:]}
+    if out is not None:
+        path = Path(out) / f"{cls_name}.{name}.{rank}.json"
+        path.write_text(json.dumps(result))
+    if raise_ and failure is not None:
+        raise failure
+    return result
+
+
+if __name__ == "__main__":  # pragma: no cover - a manual check of one test on one rank
+    print(run_one(*sys.argv[1:3], int(sys.argv[3]), sys.argv[4], sys.argv[5]))

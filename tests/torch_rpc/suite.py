@@ -1,0 +1,138 @@
+"""torch's RPC tests from a notebook, both forms, each beside its reference.
+
+- world form: bodies in an nbdist RPC world vs. the same bodies in plain processes that keep
+  RPC up (``control``); tests that start RPC themselves have no body form.
+- script form: tests as written in a ``--no-rpc`` world vs. torch's own launcher.
+
+``python -m tests.torch_rpc.suite [--sample N] [--seed S] [--forms world,script]`` (``make
+conformance-torch`` runs the whole pool) writes ``bench/results/torch_rpc.md`` and ``.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # kernel_helpers
+
+from .control import run_control  # noqa: E402
+from .intended import explained  # noqa: E402
+from .launcher import run_launcher  # noqa: E402
+from .outcome import agree  # noqa: E402
+from .pool import Test, pool, sample  # noqa: E402
+from .world import WorldSide  # noqa: E402
+
+__all__ = ["Form", "run_form"]
+
+RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
+
+
+@dataclass
+class Form:
+    """One form's runs: ``{test id: outcome}`` on each side, and the seconds each took."""
+
+    name: str
+    tests: list[Test]
+    world: dict = field(default_factory=dict)
+    reference: dict = field(default_factory=dict)
+    world_s: float = 0.0
+    reference_s: float = 0.0
+
+    def differences(self) -> dict[str, tuple[dict, dict, str | None]]:
+        """``{test id: (world, reference, why intended or None)}`` where they disagree."""
+        found = {}
+        for t in self.tests:
+            w, r = self.world.get(t.id), self.reference.get(t.id)
+            if w is None or r is None or not agree(w, r):
+                found[t.id] = (w, r, explained(self.name, t.id, w, r))
+        return found
+
+
+def run_form(name: str, tests: list[Test], where: Path) -> Form:
+    """Run ``tests`` in the ``name`` form ("world" or "script") and in its reference, side by
+    side (the reference in a thread: both are mostly waiting on their processes)."""
+    if name == "world":
+        tests = [t for t in tests if t.setup_rpc]
+    form = Form(name, tests)
+    side = WorldSide("body" if name == "world" else "script")
+    with ThreadPoolExecutor(max_workers=1) as pool_:
+        ref = pool_.submit(_reference, name, tests, where / "reference")
+        t0 = time.monotonic()
+        try:
+            form.world = side.run(tests, where / "world")
+        finally:
+            side.close()
+        form.world_s = time.monotonic() - t0
+        form.reference, form.reference_s = ref.result()
+    return form
+
+
+def _reference(name: str, tests: list[Test], where: Path) -> tuple[dict, float]:
+    if name == "script":
+        return run_launcher(tests, where)
+    t0 = time.monotonic()
+    found: dict = {}
+    for n in sorted({t.world_size for t in tests}):  # one control per world size, in order
+        found.update(run_control([t for t in tests if t.world_size == n], n, where / f"n{n}"))
+    return found, time.monotonic() - t0
+
+
+def _report(forms: list[Form], pooled: int, label: str) -> str:
+    lines = [f"# torch's RPC tests from a notebook ({label})", "",
+             f"Pool: {pooled} CPU tests of torch's TensorPipe suites. Rerun: `make "
+             "conformance-torch` (whole pool) or `python -m tests.torch_rpc.suite --sample N`.",
+             "", "| form | tests | pass | skip | fail | hang | same as reference | intended "
+             "| unexplained | world s | reference s |", "|---" * 11 + "|"]
+    for f in forms:
+        counts = {k: sum(1 for o in f.world.values() if o["outcome"] == k)
+                  for k in ("pass", "skip", "fail", "hang")}
+        diffs = f.differences()
+        meant = sum(1 for *_, why in diffs.values() if why)
+        lines.append(f"| {f.name} | {len(f.tests)} | {counts['pass']} | {counts['skip']} | "
+                     f"{counts['fail']} | {counts['hang']} | {len(f.tests) - len(diffs)} | "
+                     f"{meant} | {len(diffs) - meant} | {f.world_s:.0f} | {f.reference_s:.0f} |")
+    for f in forms:
+        diffs = f.differences()
+        if diffs:
+            lines += ["", f"## {f.name} form: differences", ""]
+            for test_id, (w, r, why) in sorted(diffs.items()):
+                lines.append(f"- `{test_id}`: world {_short(w)}, reference {_short(r)}"
+                             + (f" (intended: {why})" if why else " **unexplained**"))
+    return "\n".join(lines) + "\n"
+
+
+def _short(o: dict | None) -> str:
+    if o is None:
+        return "not run"
+    return o["outcome"] + (f" {', '.join(o['errors'])}" if o.get("errors") else "")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sample", type=int, default=0, help="this many tests (0: all)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--forms", default="world,script")
+    ap.add_argument("--out", default=str(RESULTS / "torch_rpc"))
+    args = ap.parse_args(argv)
+    everything = pool()
+    tests = sample(everything, args.sample, args.seed) if args.sample else everything
+    with tempfile.TemporaryDirectory(prefix="nbdist-torch-rpc-") as tmp:
+        forms = [run_form(name, tests, Path(tmp) / name) for name in args.forms.split(",")]
+    label = f"sample of {len(tests)}, seed {args.seed}" if args.sample else "whole pool"
+    text = _report(forms, len(everything), label)
+    Path(args.out + ".md").write_text(text)
+    Path(args.out + ".json").write_text(json.dumps(
+        {f.name: {"world": f.world, "reference": f.reference, "world_s": f.world_s,
+                  "reference_s": f.reference_s} for f in forms}, indent=1))
+    print(text)
+    return 0 if all(why for f in forms for *_, why in f.differences().values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

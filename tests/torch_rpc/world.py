@@ -1,0 +1,102 @@
+"""Run torch's RPC tests from one real kernel, cell by cell, as a user pastes them.
+
+``body`` form: an RPC world whose ranks are named as the tests name them (``worker0`` is the
+notebook); each test's body runs in one ``%%dist --local`` cell on every rank. ``script``
+form: a ``--no-rpc`` world; each test runs as written, its own ``init_rpc`` and ``shutdown``
+included, and a rank's failure ends its cell (as it ends a launched process) so that nbdist's
+fail-fast stops the others, as torch's launcher terminates them. Worlds are restarted
+(``--keep``) when the world size changes; a test still running after ``CELL_TIMEOUT`` is
+interrupted and recorded as ``hang``, and the kernel is replaced.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from kernel_helpers import Kernel
+
+from .outcome import collect, hang
+from .pool import HERE, Test
+
+__all__ = ["CELL_TIMEOUT", "WorldSide"]
+
+CELL_TIMEOUT = 90.0
+
+_SETUP = """%%dist --local
+import os, sys
+sys.path.insert(0, {here!r})
+from runner import run_one as _torch_rpc_run
+"""
+_CELL = """%%dist --local
+_torch_rpc_run({cls!r}, {name!r}, int(os.environ["RANK"]), {file!r}, {form!r}, {out!r},
+               {raise_!r})
+"""
+
+
+class WorldSide:
+    """One kernel that runs tests one after another in a world of the ``form``'s kind."""
+
+    def __init__(self, form: str) -> None:
+        assert form in ("body", "script")
+        self.form = form
+        self.kernel: Kernel | None = None
+        self.n = 0  # ranks of the running world (0: none)
+        self.seconds = 0.0  # spent in test cells
+
+    def _must(self, code: str, timeout: float = 120) -> None:
+        assert self.kernel is not None
+        rep = self.kernel.execute(code, timeout=timeout)
+        if rep.status != "ok":
+            raise RuntimeError(f"harness cell failed: {code!r}: {rep.error}\n{rep.stderr}")
+
+    def _world(self, n: int) -> None:
+        if self.kernel is None:
+            self.kernel = Kernel()
+            self._must("%load_ext nbdist")
+        if self.n == n:
+            return
+        if self.n:
+            self._must(f"%dist_restart {n - 1} --keep", timeout=180)
+        else:
+            flags = "--no-rpc" if self.form == "script" else ""
+            self._must(f"%dist_start {n - 1} {flags} --name worker0 --worker-name worker{{rank}}",
+                       timeout=180)
+        self.n = n
+        self._must(_SETUP.format(here=str(HERE)))
+
+    def run(self, tests: list[Test], where: Path) -> dict:
+        """``{test id: outcome}``; each rank's record goes to ``where/out``."""
+        out = where / "out"
+        out.mkdir(parents=True, exist_ok=True)
+        results = {}
+        for k, t in enumerate(tests):
+            self._world(t.world_size)
+            code = _CELL.format(cls=t.cls, name=t.name, file=str(where / f"file{k}"),
+                                form=self.form, out=str(out), raise_=self.form == "script")
+            t0 = time.monotonic()
+            try:
+                self.kernel.execute(code, timeout=CELL_TIMEOUT)  # type: ignore[union-attr]
+            except TimeoutError:
+                results[t.id] = hang(out, t, t.world_size, CELL_TIMEOUT)
+                self.close()
+                continue
+            finally:
+                self.seconds += time.monotonic() - t0
+            found = collect(out, t, t.world_size)
+            results[t.id] = found if found is not None else hang(out, t, t.world_size, 0)
+        return results
+
+    def close(self) -> None:
+        """Stop the world and end the kernel (the next test starts a new one)."""
+        kernel, self.kernel, n, self.n = self.kernel, None, self.n, 0
+        if kernel is None:
+            return
+        try:
+            if n:
+                kernel.km.interrupt_kernel()
+                kernel.execute("%dist_stop", timeout=60)
+        except Exception:  # noqa: BLE001 - the kernel goes either way
+            pass
+        finally:
+            kernel.close()
