@@ -24,7 +24,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 OUT := notebooks/_out
 
-.PHONY: demo test test-fast bench lint browser clean clean-torch
+.PHONY: demo test test-fast bench lint browser clean clean-torch conformance-torch \
+	conformance-torch-sample
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -59,6 +60,16 @@ test: $(STAMP) browser
 # (under 2 minutes on 2 cores). `make test` runs everything.
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow and not browser and not conformance"
+
+# torch's own RPC tests from a notebook, the whole CPU pool (430), each form beside its
+# reference (tests/torch_rpc): world form vs. plain processes, script form vs. torch's launcher
+# (about an hour on 2 cores, most of it the launcher's). Writes bench/results/torch_rpc.md.
+conformance-torch: $(STAMP)
+	$(BIN)/python -m tests.torch_rpc.suite
+
+# Its fast sample (also part of `make test`); CI runs it on the oldest torch of the range too.
+conformance-torch-sample: $(STAMP)
+	$(BIN)/python -m pytest -q tests/torch_rpc
 
 # Rewrites every file in bench/results, each naming the commit it measured (-dirty: with
 # uncommitted changes). tests/test_bench_smoke.py runs each script with --smoke in `make test`.

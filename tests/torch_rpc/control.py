@@ -45,6 +45,8 @@ def run_control(tests: list[Test], n: int, where: Path, python: str = sys.execut
         finally:
             for p in procs:
                 kill_tree(p.pid)
+            for p in procs:
+                p.wait(timeout=30)
             log.close()
     return results
 

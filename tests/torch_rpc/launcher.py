@@ -37,6 +37,7 @@ def run_launcher(tests: list[Test], where: Path,
             _wait(proc, out, len(ids))
         finally:
             kill_tree(proc.pid)
+            proc.wait(timeout=30)
             log.close()
         for line in out.read_text().splitlines() if out.exists() else ():
             rec = json.loads(line)

@@ -66,7 +66,13 @@ def _call(case: Any, name: str, form: str) -> None:
     api._ignore_rref_leak = False
     case.worker_id = case.rank
     case.setup_fault_injection(nonlocals["faulty_messages"], nonlocals["messages_to_delay"])
-    nonlocals["old_test_method"](case)
+    try:
+        nonlocals["old_test_method"](case)
+    finally:  # a default group the test made ends with it, as with its process
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def run_one(cls_name: str, name: str, rank: int, file_name: str, form: str,

@@ -1,7 +1,8 @@
 """torch's RPC tests from a notebook, both forms, each beside its reference.
 
 - world form: bodies in an nbdist RPC world vs. the same bodies in plain processes that keep
-  RPC up (``control``); tests that start RPC themselves have no body form.
+  RPC up (``control``); tests that start RPC themselves, or whose meaning is a rank's process
+  ending, have no body form (``pool.Test.body``).
 - script form: tests as written in a ``--no-rpc`` world vs. torch's own launcher.
 
 ``python -m tests.torch_rpc.suite [--sample N] [--seed S] [--forms world,script]`` (``make
@@ -43,6 +44,7 @@ class Form:
     reference: dict = field(default_factory=dict)
     world_s: float = 0.0
     reference_s: float = 0.0
+    incidents: list = field(default_factory=list)  # the world's harness cells that failed
 
     def differences(self) -> dict[str, tuple[dict, dict, str | None]]:
         """``{test id: (world, reference, why intended or None)}`` where they disagree."""
@@ -58,7 +60,8 @@ def run_form(name: str, tests: list[Test], where: Path) -> Form:
     """Run ``tests`` in the ``name`` form ("world" or "script") and in its reference, side by
     side (the reference in a thread: both are mostly waiting on their processes)."""
     if name == "world":
-        tests = [t for t in tests if t.setup_rpc]
+        tests = [t for t in tests if t.body]
+    tests = sorted(tests, key=lambda t: t.world_size)  # one world per size, in pool order
     form = Form(name, tests)
     side = WorldSide("body" if name == "world" else "script")
     with ThreadPoolExecutor(max_workers=1) as pool_:
@@ -67,6 +70,7 @@ def run_form(name: str, tests: list[Test], where: Path) -> Form:
         try:
             form.world = side.run(tests, where / "world")
         finally:
+            form.incidents = side.incidents
             side.close()
         form.world_s = time.monotonic() - t0
         form.reference, form.reference_s = ref.result()
@@ -98,6 +102,9 @@ def _report(forms: list[Form], pooled: int, label: str) -> str:
                      f"{counts['fail']} | {counts['hang']} | {len(f.tests) - len(diffs)} | "
                      f"{meant} | {len(diffs) - meant} | {f.world_s:.0f} | {f.reference_s:.0f} |")
     for f in forms:
+        if f.incidents:
+            lines += ["", f"## {f.name} form: harness cells that failed", ""]
+            lines += [f"- {text.splitlines()[0]}" for text in f.incidents]
         diffs = f.differences()
         if diffs:
             lines += ["", f"## {f.name} form: differences", ""]
@@ -119,17 +126,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--forms", default="world,script")
     ap.add_argument("--out", default=str(RESULTS / "torch_rpc"))
+    ap.add_argument("--keep", metavar="DIR", help="run in DIR and keep every rank's records")
     args = ap.parse_args(argv)
     everything = pool()
     tests = sample(everything, args.sample, args.seed) if args.sample else everything
     with tempfile.TemporaryDirectory(prefix="nbdist-torch-rpc-") as tmp:
-        forms = [run_form(name, tests, Path(tmp) / name) for name in args.forms.split(",")]
+        base = Path(args.keep) if args.keep else Path(tmp)
+        forms = [run_form(name, tests, base / name) for name in args.forms.split(",")]
     label = f"sample of {len(tests)}, seed {args.seed}" if args.sample else "whole pool"
     text = _report(forms, len(everything), label)
     Path(args.out + ".md").write_text(text)
     Path(args.out + ".json").write_text(json.dumps(
         {f.name: {"world": f.world, "reference": f.reference, "world_s": f.world_s,
-                  "reference_s": f.reference_s} for f in forms}, indent=1))
+                  "reference_s": f.reference_s, "incidents": f.incidents} for f in forms},
+        indent=1))
     print(text)
     return 0 if all(why for f in forms for *_, why in f.differences().values()) else 1
 

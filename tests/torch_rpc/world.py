@@ -43,12 +43,25 @@ class WorldSide:
         self.kernel: Kernel | None = None
         self.n = 0  # ranks of the running world (0: none)
         self.seconds = 0.0  # spent in test cells
+        self.incidents: list[str] = []  # harness cells that failed (a restart that hung)
 
     def _must(self, code: str, timeout: float = 120) -> None:
+        """Run a harness cell; one that fails or runs past ``timeout`` raises, with what it
+        printed so far."""
         assert self.kernel is not None
-        rep = self.kernel.execute(code, timeout=timeout)
-        if rep.status != "ok":
-            raise RuntimeError(f"harness cell failed: {code!r}: {rep.error}\n{rep.stderr}")
+        said: list[str] = []
+
+        def seen(msg: dict) -> None:
+            content = msg["content"]
+            said.append(content.get("text") or content.get("evalue") or "")
+
+        try:
+            status, _ = self.kernel.cell(code, on_message=seen, timeout=timeout)
+        except TimeoutError:
+            status = f"still running after {timeout:g}s"
+        if status != "ok":
+            raise RuntimeError(f"harness cell {code.splitlines()[0]!r}: {status}; it printed:\n"
+                               + "".join(said)[-3000:])
 
     def _world(self, n: int) -> None:
         if self.kernel is None:
@@ -57,7 +70,13 @@ class WorldSide:
         if self.n == n:
             return
         if self.n:
-            self._must(f"%dist_restart {n - 1} --keep", timeout=180)
+            try:
+                self._must(f"%dist_restart {n - 1} --keep", timeout=180)
+            except RuntimeError as exc:  # said in the report; the next world is a new kernel's
+                self.incidents.append(str(exc))
+                self.close()
+                self._world(n)
+                return
         else:
             flags = "--no-rpc" if self.form == "script" else ""
             self._must(f"%dist_start {n - 1} {flags} --name worker0 --worker-name worker{{rank}}",
