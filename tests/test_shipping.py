@@ -139,6 +139,17 @@ def test_unpicklable_argument_is_named(shell):
     assert "argument 1 of the RPC to triple (lock)" in str(info.value)
 
 
+def test_an_argument_torch_refuses_raises_torchs_own_error_type(shell):
+    """A reducer that refuses on purpose (torch's own for a script RemoteModule raises
+    RuntimeError) keeps its type and text, so code catching what torch raises still does."""
+    shell.run_cell("class Refused:\n"
+                   "    def __reduce__(self):\n"
+                   "        raise RuntimeError('not over RPC, on purpose')")
+    with pytest.raises(RuntimeError, match="not over RPC, on purpose") as info:
+        ev(shell, "rpc.rpc_sync('obs1', triple, args=(Refused(),))")
+    assert "argument 0 of the RPC to triple (Refused)" in str(info.value)
+
+
 def test_submodule_scan_is_cached_but_still_correct(monkeypatch):
     import concurrent.futures  # noqa: F401
     import pickle

@@ -560,11 +560,12 @@ def _wrap_invoke(orig: Callable) -> Callable:
 def _explain_unpicklable(owner: Any, obj: Any, exc: Exception, dest: str | None = None
                          ) -> Exception:
     """Name the argument (or function, or return value) that could not be pickled; for
-    the function, the global that could not travel and the chain of code that reached it."""
+    the function, the global that could not travel and the chain of code that reached it.
+    The error is of the type plain torch raises (``exc``'s), with ``exc``'s text in it."""
     from torch.distributed.rpc.internal import PythonUDF
 
     if not isinstance(obj, PythonUDF):
-        return TypeError(f"the RPC result could not be pickled to send back: {exc}")
+        return _like(exc, f"the RPC result could not be pickled to send back: {exc}")
     fname = getattr(obj.func, "__qualname__", repr(obj.func))
 
     def can_pickle(value: Any, direct: frozenset[int] = frozenset()) -> Exception | None:
@@ -579,23 +580,33 @@ def _explain_unpicklable(owner: Any, obj: Any, exc: Exception, dest: str | None 
         found = unpicklable.find(obj.func, can_pickle, _travels_by_value)
         if found is not None:
             where = f" to {dest}" if dest else ""
-            return TypeError(
+            return _like(exc,
                 f"{found.path}: the global {found.name!r} ({type(found.value).__name__}) "
                 f"cannot be sent{where}: {found.error}. Each rank has its own __main__: make "
                 f"the object on the rank that uses it (inside the function, or in a %%dist "
                 f"cell) instead of in a notebook global (locks, events, queues and semaphores "
                 f"are made fresh on each rank by themselves)")
-        return TypeError(f"the function of the RPC to {fname} ({type(obj.func).__name__}) "
-                         f"cannot be pickled: {error}")
+        return _like(exc, f"the function of the RPC to {fname} ({type(obj.func).__name__}) "
+                          f"cannot be pickled: {error}")
     parts = [(f"argument {i}", a) for i, a in enumerate(obj.args or ())]
     parts += [(f"keyword argument {k!r}", v) for k, v in (obj.kwargs or {}).items()]
     for label, value in parts:
         inner = can_pickle(value, frozenset({id(value)}))  # as the request pickled it
         if inner is not None:
-            return TypeError(f"{label} of the RPC to {fname} ({type(value).__name__}) cannot be "
-                             f"pickled: {inner}. Send something picklable instead (for a lock, "
-                             "file or socket, create it on the worker)")
-    return TypeError(f"the RPC to {fname} could not be pickled: {exc}")
+            return _like(exc, f"{label} of the RPC to {fname} ({type(value).__name__}) cannot "
+                              f"be pickled: {exc}. Send something picklable instead (for a "
+                              "lock, file or socket, create it on the worker)")
+    return _like(exc, f"the RPC to {fname} could not be pickled: {exc}")
+
+
+def _like(exc: Exception, message: str) -> Exception:
+    """An exception of ``exc``'s type saying ``message`` (a ``TypeError`` where that type
+    cannot be made from one message): code that catches what torch raises still catches it."""
+    try:
+        made = type(exc)(message)
+    except Exception:  # noqa: BLE001 - a constructor that wants other arguments
+        return TypeError(message)
+    return made if str(made) == message else TypeError(message)
 
 
 def _travels_by_value(obj: Any) -> bool:
