@@ -295,9 +295,9 @@ def _run_function(python_udf: Any) -> Any:
     An interrupt (``interrupt_rpc_threads``) may land on any bytecode here. Registering happens
     inside the ``try``; leaving is idempotent and retried when a second interrupt cuts it;
     once left, the thread is no longer a target and its pending interrupt is dropped, so
-    ``after_call`` and the reply run undisturbed. Unlike torch's own version this one does not
-    print every exception to the callee's stderr: the caller gets it raised anyway, so in a
-    notebook it would show twice.
+    ``after_call`` and the reply run undisturbed. Unlike torch's own version this one prints an
+    exception to the callee's stderr only where user code redirected it: the caller gets it
+    raised anyway, so in a notebook it would show twice.
     """
     tid = threading.get_ident()
     token = object()
@@ -377,7 +377,20 @@ def _remote_exception(exc: BaseException) -> Any:
             pass
     text = "".join(traceback.format_exception(type(exc), exc, tb))
     where = _get_current_rpc_agent().get_worker_info()
-    return internal.RemoteException(f"On {where}:\n{exc!r}\n{text}", type(exc))
+    message = f"On {where}:\n{exc!r}\n{text}"
+    if _redirected(sys.stderr):  # the user reads this rank's stderr itself: torch writes there
+        print(message, file=sys.stderr)
+    return internal.RemoteException(message, type(exc))
+
+
+def _redirected(stream: Any) -> bool:
+    """Whether user code replaced this process's stderr (``redirect_stderr``, a captured
+    stream), rather than it being the one the notebook shows (the kernel's, a worker's)."""
+    return stream is not sys.__stderr__ and type(stream).__name__ not in _SHOWN_STREAMS
+
+
+# the classes of the streams whose text reaches the notebook: ipykernel's, a worker's
+_SHOWN_STREAMS = frozenset({"OutStream", "ChannelStream"})
 
 
 def interrupt_rpc_threads() -> int:

@@ -9,6 +9,7 @@ Forms: ``script`` calls the test as written (``dist_init`` starts and shuts down
 
 from __future__ import annotations
 
+import copy
 import json
 import sys
 import traceback
@@ -23,7 +24,7 @@ from torch.testing._internal.distributed.rpc.tensorpipe_rpc_agent_test_fixture i
     TensorPipeRpcAgentTestFixture,
 )
 
-__all__ = ["CLASSES", "dist_init_of", "instance", "run_one"]
+__all__ = ["CLASSES", "dist_init_of", "fresh_module_state", "instance", "run_one"]
 
 PREFIX = "TensorPipe"
 # the CPU suites torch's own test/distributed/rpc/test_tensorpipe_agent.py runs
@@ -32,6 +33,36 @@ CLASSES: dict[str, type] = rpc_utils.generate_tests(
     rpc_utils.GENERIC_TESTS + rpc_utils.TENSORPIPE_TESTS, __name__)
 globals().update(CLASSES)
 _SKIP_CODES = {s.exit_code: s.message for s in TEST_SKIPS.values()}
+_PLAIN = (list, dict, set, int, float, bool, str, type(None), tuple)
+
+
+def _module_state() -> dict:
+    """The plain module-level values of torch's test modules (``rpc_done``, ``ctx_ids``, ...),
+    as a fresh process has them."""
+    state = {}
+    for mod_name, mod in list(sys.modules.items()):
+        if mod is None or not mod_name.startswith(("torch.testing._internal.distributed",
+                                                   "torch.testing._internal.dist_utils")):
+            continue
+        for k, v in vars(mod).items():
+            if not k.startswith("__") and type(v) in _PLAIN:
+                try:
+                    state[(mod_name, k)] = copy.deepcopy(v)
+                except Exception:  # noqa: BLE001 - not copyable: left as it is
+                    continue
+    return state
+
+
+_FRESH = _module_state()
+
+
+def fresh_module_state() -> None:
+    """Give torch's test modules the values a fresh process has: a body run after another
+    must not see what the one before left (a ``rpc_done`` flag still set makes
+    ``_check_rpc_done`` return before this test's RPC came, and the context it then looks up
+    is the earlier test's). Both sides of the world form do it after every test."""
+    for (mod_name, k), v in _FRESH.items():
+        setattr(sys.modules[mod_name], k, copy.deepcopy(v))
 
 
 def dist_init_of(fn: Any) -> Any:
@@ -68,11 +99,12 @@ def _call(case: Any, name: str, form: str) -> None:
     case.setup_fault_injection(nonlocals["faulty_messages"], nonlocals["messages_to_delay"])
     try:
         nonlocals["old_test_method"](case)
-    finally:  # a default group the test made ends with it, as with its process
+    finally:  # a default group the test made, and its module state, end with it
         import torch.distributed as dist
 
         if dist.is_initialized():
             dist.destroy_process_group()
+        fresh_module_state()
 
 
 def run_one(cls_name: str, name: str, rank: int, file_name: str, form: str,

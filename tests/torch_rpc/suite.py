@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import tempfile
 import time
@@ -127,13 +128,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--forms", default="world,script")
     ap.add_argument("--out", default=str(RESULTS / "torch_rpc"))
     ap.add_argument("--keep", metavar="DIR", help="run in DIR and keep every rank's records")
+    ap.add_argument("--only", metavar="REGEX", help="the tests whose id matches REGEX")
     args = ap.parse_args(argv)
     everything = pool()
     tests = sample(everything, args.sample, args.seed) if args.sample else everything
+    if args.only:
+        tests = [t for t in tests if re.search(args.only, t.id)]
     with tempfile.TemporaryDirectory(prefix="nbdist-torch-rpc-") as tmp:
         base = Path(args.keep) if args.keep else Path(tmp)
         forms = [run_form(name, tests, base / name) for name in args.forms.split(",")]
-    label = f"sample of {len(tests)}, seed {args.seed}" if args.sample else "whole pool"
+    label = (f"sample of {len(tests)}, seed {args.seed}" if args.sample
+             else f"{len(tests)} matching {args.only!r}" if args.only else "whole pool")
     text = _report(forms, len(everything), label)
     Path(args.out + ".md").write_text(text)
     Path(args.out + ".json").write_text(json.dumps(
