@@ -22,6 +22,7 @@ from .pool import HERE, Test
 __all__ = ["STALL", "run_control"]
 
 STALL = 90.0  # seconds without a test finishing on every rank: the test hangs
+STARTUP = 120.0  # more for the first test: n processes import torch and start RPC
 
 
 def run_control(tests: list[Test], n: int, where: Path, python: str = sys.executable) -> dict:
@@ -54,7 +55,7 @@ def run_control(tests: list[Test], n: int, where: Path, python: str = sys.execut
 def _watch(procs: list, tests: list[Test], n: int, where: Path, start: int,
            results: dict) -> int:
     """Collect outcomes as they come; the index to go on from once these processes end."""
-    last = time.monotonic()
+    last = time.monotonic() + STARTUP  # the first test waits for every process's start too
     k = start
     while k < len(tests):
         done = collect(where / "out", tests[k], n)
