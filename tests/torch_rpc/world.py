@@ -59,6 +59,10 @@ class WorldSide:
             status, _ = self.kernel.cell(code, on_message=seen, timeout=timeout)
         except TimeoutError:
             status = f"still running after {timeout:g}s"
+            proc = self.kernel.km.provisioner.process if self.kernel.km.provisioner else None
+            code = proc.poll() if proc is not None else None
+            if code is not None:
+                status = f"the kernel died (exit code {code}; negative: the signal)"
         if status != "ok":
             raise RuntimeError(f"harness cell {code.splitlines()[0]!r}: {status}; it printed:\n"
                                + "".join(said)[-3000:])
