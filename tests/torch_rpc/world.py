@@ -60,9 +60,9 @@ class WorldSide:
         except TimeoutError:
             status = f"still running after {timeout:g}s"
             proc = self.kernel.km.provisioner.process if self.kernel.km.provisioner else None
-            code = proc.poll() if proc is not None else None
-            if code is not None:
-                status = f"the kernel died (exit code {code}; negative: the signal)"
+            ended = proc.poll() if proc is not None else None
+            if ended is not None:
+                status = f"the kernel died (exit code {ended}; negative: the signal)"
         if status != "ok":
             raise RuntimeError(f"harness cell {code.splitlines()[0]!r}: {status}; it printed:\n"
                                + "".join(said)[-3000:])
