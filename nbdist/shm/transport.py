@@ -219,11 +219,14 @@ def tensor_reducer(orig: Callable[[Any], Any]) -> Callable[[Any], Any]:
         msg = _tls.msg
         if msg is None:
             return orig(t)
+        # only a dense CPU tensor's bytes can be copied as they are: anything else (sparse,
+        # nested, quantized, lazy conj/neg views, another device) goes torch's way untouched
+        if (t.layout is not strided or t.is_nested or t.requires_grad or t.device.type != "cpu"
+                or t.is_quantized or t.is_conj() or t.is_neg()):
+            return orig(t)
         n = t.nbytes
         msg.seen += n
-        if ((n < msg.min_bytes and (n < msg.pack_bytes or msg.seen < msg.min_bytes))
-                or t.requires_grad or t.is_cuda or t.device.type != "cpu"
-                or t.layout is not strided or t.is_quantized or t.is_conj() or t.is_neg()):
+        if n < msg.min_bytes and (n < msg.pack_bytes or msg.seen < msg.min_bytes):
             return orig(t)
         if msg.desc_index < 0:
             tables = _thread_tables.send_tables

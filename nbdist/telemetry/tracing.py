@@ -35,6 +35,7 @@ __all__ = [
     "enabled",
     "install",
     "paused",
+    "payload_bytes",
     "rpc_stats",
     "samples",
     "set_peers",
@@ -94,10 +95,38 @@ def _update() -> None:
 
 
 # ---------------------------------------------------------------------------- hot path
+def payload_bytes(t: Any) -> int:
+    """The bytes a tensor of any kind carries: ``nbytes`` for a dense one; for a sparse one
+    its indices and values (``nbytes`` refuses those), for a nested one its buffer; 0 for a
+    kind with no storage (meta) or one this does not know."""
+    try:
+        return t.nbytes
+    except Exception:  # noqa: BLE001 - not dense strided: count its parts
+        pass
+    try:
+        if t.is_sparse:
+            return t._indices().nbytes + t._values().nbytes
+        parts = _COMPRESSED.get(str(t.layout))
+        if parts is not None:
+            return sum(getattr(t, name)().nbytes for name in parts)
+        if t.is_nested:
+            return t.values().nbytes
+    except Exception:  # noqa: BLE001 - a kind with parts of its own: not counted
+        pass
+    return 0
+
+
+_ROWS = ("crow_indices", "col_indices", "values")
+_COLUMNS = ("ccol_indices", "row_indices", "values")
+# a compressed sparse layout -> the methods that give its parts
+_COMPRESSED = {"torch.sparse_csr": _ROWS, "torch.sparse_bsr": _ROWS,
+               "torch.sparse_csc": _COLUMNS, "torch.sparse_bsc": _COLUMNS}
+
+
 def _tensor_bytes(tensors: Any) -> int:
     n = 0
     for t in tensors:
-        n += t.nbytes
+        n += payload_bytes(t)
     return n
 
 
@@ -105,17 +134,17 @@ def _arg_bytes(args: Any, kwargs: Any) -> int:
     n = 0
     for a in args:
         if isinstance(a, _Tensor):
-            n += a.nbytes
+            n += payload_bytes(a)
     if kwargs:
         for a in kwargs.values():
             if isinstance(a, _Tensor):
-                n += a.nbytes
+                n += payload_bytes(a)
     return n
 
 
 def _value_bytes(v: Any) -> int:
     if isinstance(v, _Tensor):
-        return v.nbytes
+        return payload_bytes(v)
     if isinstance(v, (list, tuple)):
         return _arg_bytes(v, None)
     if isinstance(v, dict):
