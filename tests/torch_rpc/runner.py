@@ -97,13 +97,17 @@ def _call(case: Any, name: str, form: str) -> None:
     api._ignore_rref_leak = False
     case.worker_id = case.rank
     case.setup_fault_injection(nonlocals["faulty_messages"], nonlocals["messages_to_delay"])
+    import torch.distributed.rpc as rpc
+
+    timeout = rpc.get_rpc_timeout()
     try:
         nonlocals["old_test_method"](case)
-    finally:  # a default group the test made, and its module state, end with it
-        import torch.distributed as dist
+    finally:  # what the test changed of its process ends with it: the default group it
+        import torch.distributed as dist  # made, the RPC timeout it set, its module state
 
         if dist.is_initialized():
             dist.destroy_process_group()
+        rpc._set_rpc_timeout(timeout)
         fresh_module_state()
 
 
