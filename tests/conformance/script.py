@@ -19,7 +19,7 @@ from .cases import Case
 from .observe import Run, add_output, read_records, split_by_rank, uncaught
 from .prelude import PRELUDE
 
-__all__ = ["program", "quiet_port", "run_script"]
+__all__ = ["kill_tree", "program", "quiet_port", "run_script"]
 
 TEE = r"\[default(\d+)\]:"  # torchrun --tee's prefix on a rank's lines
 # what plain torch (2.13-2.15, gloo) prints when a process aborts at exit after its program
@@ -46,7 +46,8 @@ def _command(case: Case) -> list[str]:
     return [sys.executable, "prog.py"]
 
 
-def _kill_tree(pid: int) -> None:
+def kill_tree(pid: int) -> None:
+    """Kill ``pid`` and every process below it."""
     try:
         procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
     except psutil.Error:
@@ -98,7 +99,7 @@ def _run_once(case: Case, where: Path, timeout: float) -> Run:
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        _kill_tree(proc.pid)  # torchrun puts its workers in sessions of their own
+        kill_tree(proc.pid)  # torchrun puts its workers in sessions of their own
         stdout, stderr = proc.communicate()
         raise TimeoutError(f"the script of {case.name} ran past {timeout}s:\n"
                            f"{stdout[-2000:]}\n{stderr[-2000:]}") from None

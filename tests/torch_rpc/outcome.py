@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import psutil
+from ..conformance.script import kill_tree
 
-__all__ = ["agree", "collect", "hang", "key", "kill_tree", "merge"]
+__all__ = ["agree", "collect", "hang", "key", "kill_tree", "merge"]  # kill_tree: re-exported
 
 
 def merge(per_rank: dict[int, dict]) -> dict:
@@ -65,16 +65,3 @@ def key(outcome: dict) -> tuple:
 
 def agree(a: dict, b: dict) -> bool:
     return key(a) == key(b)
-
-
-def kill_tree(pid: int) -> None:
-    """Kill ``pid`` and every process below it (a test's or a side's leftovers)."""
-    try:
-        procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
-    except psutil.Error:
-        return
-    for p in procs:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
