@@ -158,7 +158,7 @@ def assert_same_tensor(back: torch.Tensor, sent: torch.Tensor, where: str) -> No
         assert torch.equal(back.offsets(), sent.offsets()), where
         assert torch.equal(_bits(back.values()), _bits(sent.values())), where
     elif sent.layout == torch.sparse_coo:
-        # is_coalesced is not compared: torch's RPC rebuilds a sparse tensor from its parts
+        # is_coalesced is not compared: plain torch's RPC sends it back False
         assert torch.equal(back._indices(), sent._indices()), where
         assert torch.equal(_bits(back._values()), _bits(sent._values())), where
     elif sent.is_quantized:
@@ -171,7 +171,8 @@ def assert_same_tensor(back: torch.Tensor, sent: torch.Tensor, where: str) -> No
             assert torch.equal(back.q_per_channel_scales(), sent.q_per_channel_scales())
     else:
         assert back.stride() in _strides(sent), (where, back.stride(), _strides(sent))
-        # values as read: a lazy conj/neg bit may arrive resolved (torch's pickler does that)
+        # plain torch keeps a lazy conj bit and resolves a neg bit (values as read the same)
+        assert back.is_conj() == sent.is_conj(), where
         assert torch.equal(_bits(back), _bits(sent)), where
 
 
