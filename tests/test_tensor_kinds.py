@@ -280,3 +280,30 @@ def test_every_kind_round_trips_with_the_shared_memory_path_off(world, monkeypat
     assert shm.usage() is None
     _every_kind_on_every_path(c)
     _round_trips(c)
+
+
+def test_payload_bytes_counts_what_each_kind_carries_and_never_raises():
+    """Tracing's count: a sparse tensor's parts, not its dense size (``nbytes`` refuses COO
+    and counts a compressed one as dense); nothing for a meta tensor; kinds plain torch cannot
+    send (compressed sparse, strided nested, mkldnn) counted too, without raising."""
+    d = torch.randn(4, 6)
+    for kind in [*KINDS, *REFUSED]:
+        for n in (SMALL, LARGE):
+            assert tracing.payload_bytes(make(kind, n, 1)) >= 0, kind
+    coo = make("sparse_coo", SMALL, 1)
+    assert tracing.payload_bytes(coo) == coo._indices().nbytes + coo._values().nbytes
+    csr, csc = d.to_sparse_csr(), d.to_sparse_csc()
+    assert tracing.payload_bytes(csr) == (csr.crow_indices().nbytes + csr.col_indices().nbytes
+                                          + csr.values().nbytes)
+    assert tracing.payload_bytes(csc) == (csc.ccol_indices().nbytes + csc.row_indices().nbytes
+                                          + csc.values().nbytes)
+    for blocked in (d.to_sparse_bsr((2, 2)), d.to_sparse_bsc((2, 2))):
+        assert tracing.payload_bytes(blocked) > blocked.values().nbytes
+    assert tracing.payload_bytes(torch.empty(1000, device="meta")) == 0
+    assert tracing.payload_bytes(make("nested_jagged", SMALL, 1)) == (1 + 3 + 3) * 2 * 4
+    strided_nested = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])
+    assert tracing.payload_bytes(strided_nested) == 5 * 4
+    assert tracing.payload_bytes(d.to_mkldnn()) == 0 or tracing.payload_bytes(d.to_mkldnn()) \
+        == d.nbytes
+    t = make("strided_slice", LARGE, 1)
+    assert tracing.payload_bytes(t) == t.nbytes

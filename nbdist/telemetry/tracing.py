@@ -97,23 +97,25 @@ def _update() -> None:
 # ---------------------------------------------------------------------------- hot path
 def payload_bytes(t: Any) -> int:
     """The bytes a tensor of any kind carries: ``nbytes`` for a dense one; for a sparse one
-    its indices and values (``nbytes`` refuses those), for a nested one its buffer; 0 for a
-    kind with no storage (meta) or one this does not know."""
+    its indices and values, for a nested one its buffer; 0 for a meta tensor (no data) or a
+    kind this does not know. The kind is checked before the size: ``nbytes`` refuses sparse
+    COO and, for a compressed sparse or meta tensor, counts the dense size, not what goes."""
     try:
-        return t.nbytes
-    except Exception:  # noqa: BLE001 - not dense strided: count its parts
-        pass
-    try:
-        if t.is_sparse:
-            return t._indices().nbytes + t._values().nbytes
+        if t.is_meta:
+            return 0
         parts = _COMPRESSED.get(str(t.layout))
         if parts is not None:
             return sum(getattr(t, name)().nbytes for name in parts)
+        if t.is_sparse:
+            return t._indices().nbytes + t._values().nbytes
         if t.is_nested:
-            return t.values().nbytes
+            try:
+                return t.values().nbytes  # jagged: one buffer
+            except Exception:  # noqa: BLE001 - strided nested: its components
+                return sum(c.nbytes for c in t.unbind())
+        return t.nbytes
     except Exception:  # noqa: BLE001 - a kind with parts of its own: not counted
-        pass
-    return 0
+        return 0
 
 
 _ROWS = ("crow_indices", "col_indices", "values")
