@@ -234,7 +234,7 @@ def send(c, path: str, value):
 
 
 def _round_trips(c) -> None:
-    @settings(max_examples=40, deadline=None, derandomize=True, database=None,
+    @settings(max_examples=100, deadline=None, derandomize=True, database=None,
               suppress_health_check=list(HealthCheck))
     @given(value=values, path=st.sampled_from(PATHS))
     def round_trip(value, path):
