@@ -53,9 +53,9 @@ def test_a_run_that_fails_leaves_the_next_one_working(kernel):
     rep = kernel.execute("%dist_start 2 --no-rpc", timeout=120)
     assert rep.status == "ok", rep.stderr
     try:
-        rep = _run(kernel, 0, fail="assert rank != 1, 'rank 1 fails before its shutdown'")
-        assert rep.status == "error"
-        assert "rank 1 fails before its shutdown" in rep.error["evalue"]
+        # a worker fails (as torch's tests fail: an assertion between init_rpc and shutdown)
+        rep = _run(kernel, 0, fail="assert rank != 1, 'rank 1 fails'")
+        assert rep.error is not None and "rank 1 fails" in rep.error["evalue"]
         # every rank's agent went with the failed cell, as each script process would have
         said = rep.stdout + rep.stderr
         assert "its init_rpc started still up; it was shut down here" in said

@@ -11,8 +11,10 @@ ends that agent (``cell_ended``), as the failed script's process would have ende
 from __future__ import annotations
 
 import functools
+import gc
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +31,7 @@ class _UserAgent:
 
 
 _AGENT_PER_PROCESS = _UserAgent()
+END_TIMEOUT = 30.0  # seconds the agent of a failed cell has to shut down
 _lock = threading.Lock()
 
 
@@ -68,8 +71,10 @@ def _forget_last_agent() -> None:
     all-gather counters (``_init_counter`` is kept: the world's store may hold its keys)."""
     from . import rpc_hooks, rref_reset
 
+    _AGENT_PER_PROCESS.agent = None  # a shut-down agent holds its store's connections
     rref_reset.reset_singleton()
     rpc_hooks.reset_world_state(keep_init_counter=True)
+    gc.collect()  # the last rendezvous's store (a TCP server on rank 0) must not serve on
 
 
 def started_here() -> bool:
@@ -90,11 +95,18 @@ def cell_ended(failed: bool) -> None:
     """A cell ended: if it ``failed`` and the agent it started is still up, shut that agent
     down here, without waiting for peers, and say so."""
     this_cell, _AGENT_PER_PROCESS.this_cell = _AGENT_PER_PROCESS.this_cell, False
-    if not (failed and this_cell and started_here()):
+    if not (failed and this_cell):
         return
-    end_agent()
-    print("nbdist: the cell failed with the RPC agent its init_rpc started still up; it was "
-          "shut down here, as the script's process would have ended", file=sys.stderr)
+    while True:  # a Ctrl-C here (fail-fast interrupting this rank too) must not skip it
+        try:
+            if started_here():
+                end_agent()
+                print("nbdist: the cell failed with the RPC agent its init_rpc started still "
+                      "up; it was shut down here, as the script's process would have ended",
+                      file=sys.stderr)
+            return
+        except KeyboardInterrupt:
+            continue
 
 
 def after_cell(result: Any) -> None:
@@ -103,18 +115,33 @@ def after_cell(result: Any) -> None:
         cell_ended(not result.success)
 
 
-def end_agent() -> None:
+def end_agent(timeout: float = END_TIMEOUT) -> None:
     """Shut down the agent user code started, locally (peers are not waited for), ignoring
-    RRef leaks as a process that ends does."""
+    RRef leaks as a process that ends does. It runs on a thread of its own, waited for up to
+    ``timeout``: a Ctrl-C (nbdist's fail-fast interrupts the other ranks of a failed cell)
+    cannot cut torch's shutdown in half and leave the agent set."""
     import torch.distributed.rpc as rpc
     from torch.distributed.rpc import api
 
-    ignore = api._ignore_rref_leak
-    api._ignore_rref_leak = True
-    try:
-        rpc.shutdown(graceful=False)
-    except Exception:  # noqa: BLE001 - its peers gone, or it ended meanwhile
-        pass
-    finally:
-        api._ignore_rref_leak = ignore
-        _AGENT_PER_PROCESS.agent = None
+    def shut() -> None:
+        ignore = api._ignore_rref_leak
+        api._ignore_rref_leak = True
+        try:
+            rpc.shutdown(graceful=False)
+        except Exception:  # noqa: BLE001 - its peers gone, or it ended meanwhile
+            pass
+        finally:
+            api._ignore_rref_leak = ignore
+
+    thread = threading.Thread(target=shut, name="nbdist-end-agent", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout
+    while thread.is_alive() and time.monotonic() < deadline:
+        try:
+            thread.join(0.1)
+        except KeyboardInterrupt:  # the agent ends either way; the cell already failed
+            continue
+    _AGENT_PER_PROCESS.agent = None
+    if thread.is_alive():
+        print(f"nbdist: the RPC agent of the failed cell did not shut down within {timeout:g}s",
+              file=sys.stderr)

@@ -60,7 +60,7 @@ def fresh_module_state() -> None:
     """Give torch's test modules the values a fresh process has: a body run after another
     must not see what the one before left (a ``rpc_done`` flag still set makes
     ``_check_rpc_done`` return before this test's RPC came, and the context it then looks up
-    is the earlier test's). Both sides of the world form do it after every test."""
+    is the earlier test's). Every form does it after every test, as a launched process ends."""
     for (mod_name, k), v in _FRESH.items():
         setattr(sys.modules[mod_name], k, copy.deepcopy(v))
 
@@ -108,7 +108,6 @@ def _call(case: Any, name: str, form: str) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
         rpc._set_rpc_timeout(timeout)
-        fresh_module_state()
 
 
 def run_one(cls_name: str, name: str, rank: int, file_name: str, form: str,
@@ -120,7 +119,10 @@ def run_one(cls_name: str, name: str, rank: int, file_name: str, form: str,
     result: dict = {"outcome": "pass"}
     failure: BaseException | None = None
     try:
-        _call(instance(cls_name, name, rank, file_name), name, form)
+        try:
+            _call(instance(cls_name, name, rank, file_name), name, form)
+        finally:
+            fresh_module_state()
     except unittest.SkipTest as exc:
         result = {"outcome": "skip", "detail": str(exc)}
     except SystemExit as exc:
