@@ -92,5 +92,8 @@ def _is_current_rpc_agent_set() -> bool:
     if _NO_RPC.reason is not None and caller.f_code is _NO_RPC.wrapper_code:
         func = caller.f_locals.get("func")
         name = getattr(func, "__name__", "this call")
-        raise NoRpcError(f"torch.distributed.rpc.{name} needs torch RPC: {_NO_RPC.reason}")
+        # torch's own words first: code that matches them (torch's tests, a script's
+        # except clause) still does
+        raise NoRpcError(f"RPC has not been initialized. torch.distributed.rpc.{name} needs "
+                         f"torch RPC: {_NO_RPC.reason}")
     return False
