@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["INTENDED", "Intended", "explained"]
+__all__ = ["FLAKY", "INTENDED", "Intended", "explained"]
 
 
 @dataclass(frozen=True)
@@ -19,11 +19,31 @@ class Intended:
 
 INTENDED: list[Intended] = []
 
+# Tests whose outcome changes from run to run in processes that keep RPC up, on both sides
+# (each was seen passing and failing on the world side and on the control), with what they
+# race: not a difference nbdist makes. Under torch's launcher (fresh processes) they pass.
+FLAKY: dict[str, str] = {
+    "TensorPipeRpcTest.test_profiler_remote_events_profiled":
+        "remote profiler events arrive after the check, under load (2 cores, 8 processes)",
+    "TensorPipeRpcTest.test_profiler_remote_events_profiled_single_threaded":
+        "remote profiler events arrive after the check, under load",
+    "TensorPipeRpcTest.test_profiler_with_async_rpc_udf_single_threaded":
+        "remote profiler events arrive after the check, under load",
+    "TensorPipeRpcTest.test_profiler_with_script_sync_rpc":
+        "remote profiler events arrive after the check, under load",
+    "TensorPipeJitRpcTest.test_rpc_async_jit_profiled":
+        "remote profiler events arrive after the check, under load",
+    "TensorPipeRpcTest.test_deadlock":
+        "the control hung once in 3 whole-pool runs (rank 1 never finished), the world never",
+}
+
 
 def explained(form: str, test_id: str, world: dict | None, reference: dict | None) -> str | None:
     """Why ``world`` and ``reference`` may differ for this test, or None."""
     if world is None or reference is None:
         return None
+    if test_id in FLAKY and form == "world":
+        return f"flaky in persistent processes on both sides: {FLAKY[test_id]}"
     for e in INTENDED:
         if (e.form, e.test, e.world, e.reference) == (form, test_id, world["outcome"],
                                                       reference["outcome"]):

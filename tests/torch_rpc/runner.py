@@ -9,6 +9,7 @@ Forms: ``script`` calls the test as written (``dist_init`` starts and shuts down
 
 from __future__ import annotations
 
+import concurrent.futures
 import copy
 import json
 import sys
@@ -34,6 +35,8 @@ CLASSES: dict[str, type] = rpc_utils.generate_tests(
 globals().update(CLASSES)
 _SKIP_CODES = {s.exit_code: s.message for s in TEST_SKIPS.values()}
 _PLAIN = (list, dict, set, int, float, bool, str, type(None), tuple)
+_NEW_FUTURE = object()  # marks a module's unset concurrent.futures.Future
+_IF_GONE = object()  # marks any other value: put back only if a test deleted it
 
 
 def _module_state() -> dict:
@@ -45,11 +48,17 @@ def _module_state() -> dict:
                                                    "torch.testing._internal.dist_utils")):
             continue
         for k, v in vars(mod).items():
-            if not k.startswith("__") and type(v) in _PLAIN:
+            if k.startswith("__"):
+                continue
+            if type(v) in _PLAIN:
                 try:
                     state[(mod_name, k)] = copy.deepcopy(v)
                 except Exception:  # noqa: BLE001 - not copyable: left as it is
                     continue
+            elif isinstance(v, concurrent.futures.Future) and not v.done():
+                state[(mod_name, k)] = _NEW_FUTURE  # a one-shot signal: a fresh one each time
+            else:
+                state[(mod_name, k)] = (_IF_GONE, v)  # a function a test deleted comes back
     return state
 
 
@@ -62,7 +71,14 @@ def fresh_module_state() -> None:
     ``_check_rpc_done`` return before this test's RPC came, and the context it then looks up
     is the earlier test's). Every form does it after every test, as a launched process ends."""
     for (mod_name, k), v in _FRESH.items():
-        setattr(sys.modules[mod_name], k, copy.deepcopy(v))
+        mod = sys.modules[mod_name]
+        if v is _NEW_FUTURE:
+            setattr(mod, k, concurrent.futures.Future())
+        elif type(v) is tuple and len(v) == 2 and v[0] is _IF_GONE:
+            if not hasattr(mod, k):
+                setattr(mod, k, v[1])
+        else:
+            setattr(mod, k, copy.deepcopy(v))
 
 
 def dist_init_of(fn: Any) -> Any:
