@@ -2,13 +2,14 @@
 runtime directory, the join agents, and the counters worlds draw from (the current world
 itself is ``core.Cluster``'s to keep).
 
-At interpreter exit it removes the runtime directory, stops the template (which SIGKILLs every
-worker it forked), then runs ``on_exit`` (``core`` stops the current world); displays' exit
-handlers, registered later, run before it. Prewarm (``%load_ext nbdist``, or ``import nbdist`` in a
-Jupyter kernel; ``Session.prewarm`` returns at once) launches the template, which imports torch
-in its own process, and imports torch's RPC here on the ``Warmup`` thread; ``NBDIST_PREWARM=0``
-turns it off. The template exits with the notebook, or after ``NBDIST_TEMPLATE_IDLE`` seconds
-(default 600) without workers.
+At interpreter exit it runs ``before_exit`` (``core`` calls off a heal under way, while the
+template still reports its workers' exits), removes the runtime directory, stops the template
+(which SIGKILLs every worker it forked), then runs ``on_exit`` (``core`` stops the current
+world); displays' exit handlers, registered later, run before it. Prewarm (``%load_ext nbdist``,
+or ``import nbdist`` in a Jupyter kernel; ``Session.prewarm`` returns at once) launches the
+template, which imports torch in its own process, and imports torch's RPC here on the
+``Warmup`` thread; ``NBDIST_PREWARM=0`` turns it off. The template exits with the notebook,
+or after ``NBDIST_TEMPLATE_IDLE`` seconds (default 600) without workers.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ class Session:
         self.warned_data_plane = False
         self.allocation: Allocation | None = None  # --slurm's job, kept across worlds
         self.follower: Any = None  # its time-left warner (``allocation.Follower``)
+        self.before_exit: list[Callable[[], None]] = []  # run first at exit, in order
         self.on_exit: list[Callable[[], None]] = []  # run last at exit, in order
         self.warmup = Warmup()  # torch's RPC imported here in the background
 
@@ -140,6 +142,8 @@ class Session:
 
     def at_exit(self) -> None:
         """Quick on purpose: Jupyter gives a kernel a few seconds to exit before it kills it."""
+        for hook in self.before_exit:
+            hook()
         if self.runtime_dir is not None:
             shutil.rmtree(self.runtime_dir, ignore_errors=True)
         try:
