@@ -17,15 +17,23 @@ import psutil
 import nbdist
 from nbdist.cluster.session import SESSION
 
-__all__ = ["STEPS", "check", "children", "into_heal", "step"]
+__all__ = ["EXPECTED", "STEPS", "check", "children", "into_heal", "run_seed", "step"]
 
 #: What a stress step may do (``step``); Ctrl-C of a cell and of a start are sent as SIGINT
 #: to this process from a timer thread, as Jupyter's interrupt does.
 STEPS = ("start", "stop", "restart", "keep", "grow", "shrink", "kill", "kill_stop",
          "kill_restart", "ctrl_c_cell", "ctrl_c_start")
-#: The longest any one command may take on a loaded 2-core machine (its own deadline is the
-#: world's start timeout; a step past this is counted as a wait past its deadline).
-STEP_LIMIT = 30.0
+#: The longest any one command may take: its own deadline (the world's start timeout, 60 s)
+#: and slack for a loaded 2-core machine; a step past this waited past its deadline.
+STEP_LIMIT = 70.0
+#: A step longer than this is counted as long (``run_seed``'s "long"): a start after a rank
+#: died while rank 0 was inside a rebuild's ``init_rpc`` waits for that call's deadline.
+LONG = 10.0
+#: Outcomes a step may have besides "ok": a command the state refuses, a Ctrl-C, a cell that
+#: names a dead rank (--heal gives up on a rank killed 3 times in 60 s), a start a Ctrl-C
+#: called off. Anything else (a timeout, "RPC is already initialized") is a failure.
+EXPECTED = ("interrupted", "no world", "UsageError", "ClusterStateError", "DistCellError",
+            "WorkerDiedError")
 
 
 def children() -> list[int]:
@@ -141,3 +149,53 @@ def step(ip: Any, kind: str, rng: random.Random) -> str:
         return "interrupted"
     except Exception as exc:  # noqa: BLE001 - a refused command is a result, checked after
         return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+
+
+def run_seed(ip: Any, seed: int, steps: int, start: int = 2) -> dict:
+    """``steps`` random steps of seed ``seed`` in the IPython shell ``ip`` (from a world of
+    ``start`` workers), checking after each; stops at the first failure, and stops the world
+    at the end. Returns ``{"seed", "steps", "failure", "counts", "seconds", "slowest",
+    "long"}`` (long: steps over ``LONG`` seconds)."""
+    import sys
+
+    rng = random.Random(seed)
+    counts: dict[str, int] = {}
+    failure = None
+    slowest = 0.0
+    long = 0
+    t_seed = time.monotonic()
+    ip.run_line_magic("dist_start", f"{start} --heal")
+    done = 0
+    try:
+        for i in range(steps):
+            kind = rng.choice(STEPS)
+            t0 = time.monotonic()
+            outcome = step(ip, kind, rng)
+            took = time.monotonic() - t0
+            slowest = max(slowest, took)
+            long += took > LONG
+            seen = check()
+            counts[kind] = counts.get(kind, 0) + 1
+            done = i + 1
+            bad = [] if outcome == "ok" or outcome.startswith(EXPECTED) else ["unexpected"]
+            if not seen["ok"]:
+                bad.append("processes and status disagree")
+            if took > STEP_LIMIT:
+                bad.append(f"took {took:.1f}s")
+            if bad:
+                failure = {"step": i, "kind": kind, "outcome": outcome, "seen": seen,
+                           "why": bad, "took": round(took, 2)}
+                print(f"lifecycle seed {seed} failed at step {i}: {failure}", file=sys.stderr)
+                break
+    finally:
+        try:
+            ip.run_line_magic("dist_stop", "")
+        except BaseException as exc:  # noqa: BLE001 - said, the seed fails
+            failure = failure or {"step": done, "kind": "final stop", "outcome": repr(exc)}
+    left = check(settle=5.0)
+    if failure is None and left["alive"]:
+        failure = {"step": done, "kind": "final stop", "outcome": "ok", "seen": left,
+                   "why": ["workers left after the final stop"]}
+    return {"seed": seed, "steps": done, "failure": failure, "counts": counts,
+            "seconds": round(time.monotonic() - t_seed, 2), "slowest": round(slowest, 2),
+            "long": long}

@@ -115,3 +115,46 @@ def test_exit_during_a_heal_does_not_wait_it_out(delay, tmp_path):
         assert not psutil.pid_exists(template) or \
             psutil.Process(template).status() == psutil.STATUS_ZOMBIE
         assert time.monotonic() - t0 < 110
+
+
+#: Seeds that once failed (bench/lifecycle_stress.py), kept. Seed 0 kills a rank while rank 0
+#: is inside a heal's init_rpc: the late agent that call left made the next start fail with
+#: "RPC is already initialized" (fixed: ``session._drop_late_agent``); the call itself still
+#: outlives the heal by up to its deadline, so the restart after it waits (known, issue 45).
+REGRESSION_SEEDS = [pytest.param(0, marks=pytest.mark.xfail(
+    strict=False, reason="rank 0 stays inside a failed heal's init_rpc until its deadline"))]
+
+
+def _stress(kernel, seeds, steps: int) -> list[dict]:
+    rep = kernel.execute(SETUP.replace("%dist_start 3 --heal", ""), timeout=180)
+    assert rep.status == "ok", rep
+    out = []
+    for seed in seeds:
+        rep = kernel.execute(f"print(repr(_lifecycle.run_seed(get_ipython(), {seed}, {steps})))",
+                             timeout=steps * 80 + 60)
+        assert rep.status == "ok", rep
+        import ast
+
+        res = ast.literal_eval(rep.stdout.strip().splitlines()[-1])
+        assert res["failure"] is None, res
+        assert res["steps"] == steps, res
+        out.append(res)
+    return out
+
+
+def test_a_short_seeded_stress_keeps_processes_and_status_in_agreement(kernel):
+    """Random steps (start, stop, restart, --keep, grow, shrink, SIGKILL, Ctrl-C of a cell
+    and of a start), each checked: the live workers are the ranks %dist_status lists,
+    nbdist.current() agrees, no step waits past its deadline."""
+    _stress(kernel, range(1, 11), 6)
+
+
+@pytest.mark.slow
+def test_ten_seeds_of_twenty_steps(kernel):
+    _stress(kernel, range(1, 11), 20)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", REGRESSION_SEEDS)
+def test_regression_seed(kernel, seed):
+    _stress(kernel, [seed], 20)

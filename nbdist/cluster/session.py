@@ -66,13 +66,14 @@ class Session:
         """Before a new ``init_rpc``: let a failed start's joining thread end (it is bounded
         by that start's deadline); a new one must not run beside it."""
         joiner, self.joiner = self.joiner, None
-        if joiner is None or not joiner.is_alive():
+        if joiner is None:
             return
         joiner.join(max(deadline - time.monotonic(), 0))
         if joiner.is_alive():
             self.joiner = joiner
             raise StartError("rank 0 is still inside init_rpc from the previous start, which "
                              "failed; it ends by that start's deadline: try again then")
+        _drop_late_agent()
 
     def runtime(self) -> str:
         """This process's private runtime directory, made on first use."""
@@ -156,6 +157,22 @@ class Session:
         finally:
             for hook in self.on_exit:
                 hook()
+
+
+def _drop_late_agent() -> None:
+    """A failed start's ``init_rpc`` that ended after its world was torn down may have set
+    an RPC agent (torch sets it before its last all-gather with the peers, which were gone):
+    shut it and RPC's counters down, else the next ``init_rpc`` meets "RPC is already
+    initialized" (issue 45: a rank killed while rank 0 joined a heal's world)."""
+    import torch.distributed.rpc as rpc
+
+    from ..patches import rpc_hooks
+
+    try:
+        rpc.shutdown(graceful=False)
+    except Exception:  # noqa: BLE001 - none was set: nothing to drop
+        return
+    rpc_hooks.reset_world_state()
 
 
 SESSION = Session()
