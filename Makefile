@@ -93,6 +93,7 @@ bench: $(STAMP)
 	$(BIN)/pip install -q --no-deps --upgrade --target .bench-peer jupyter-distributed==0.1.1
 	NBDIST_BENCH_PEER_PATH=.bench-peer $(BIN)/python bench/first_minute.py
 	$(BIN)/python bench/fail_fast.py
+	$(BIN)/python bench/lifecycle_stress.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check nbdist tests bench

@@ -50,6 +50,7 @@ SCRIPTS = {
     "views.py": ["views.json", "views.md"],
     "first_minute.py": ["first_minute.json", "first_minute.md"],
     "fail_fast.py": ["fail_fast.json", "fail_fast.md"],
+    "lifecycle_stress.py": ["lifecycle_stress.json", "lifecycle_stress.md"],
 }
 #: Not run by the smoke test: the same code as another entry, one switch apart.
 SAME_AS = {"rpc.py --unpinned": "rpc.py"}

@@ -21,6 +21,7 @@ def test_dist_status_shows_every_rank_as_text_and_html(ipython, kind):
     ipython.run_line_magic("dist_start", f"2 --name agent --worker-name obs{{rank}} {kind}")
     table = ipython.run_line_magic("dist_status", "")
     rows = _text_rows(table)
+    assert rows.pop() == ["world: running"]  # the world's state (issue 45), below the rows
     assert rows[0][:7] == list(StatusTable.COLUMNS)  # then the GPU's, on a GPU machine
     by_name = {r[1]: r for r in rows[1:]}
     assert by_name["agent"][:4] == ["0", "agent", str(os.getpid()), "notebook"]
@@ -35,6 +36,7 @@ def test_dist_status_shows_every_rank_as_text_and_html(ipython, kind):
     for name in ("agent", "obs1", "obs2", "template"):
         assert f"<td>{name}</td>" in page
     assert "color:#b00" not in page  # nobody dead
+    assert page.endswith("<p>world: running</p>")
     assert table.alive() == {0: True, 1: True, 2: True}
 
 
@@ -46,7 +48,7 @@ def test_template_row_shows_the_warm_template(world):
     assert row["rank"] == TEMPLATE_RANK and row["name"] == "template" and row["pid"] == pid
     assert row["alive"] and row["state"] == "warm template"
     assert row["mem_mb"] > 1 and row["uptime"] >= 0
-    last = _text_rows(table)[-1]
+    last = _text_rows(table)[-2]  # the last line names the world's state
     assert last[:4] == ["-", "template", str(pid), "warm template"]
     assert len(last) == len(table.columns)
     page = table._repr_html_()

@@ -8,15 +8,17 @@ notebook process; this module keeps it, and stops it when the process exits.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from dataclasses import replace
 from typing import Any, ClassVar
 
-from ..errors import ClusterStateError, StartError, WorkerDiedError
+from ..errors import ClusterStateError, DistTimeoutError, StartError, WorkerDiedError
 from ..patches import rpc_hooks
 from ..proc.protocol import Debug
 from ..proc.slurm import enclosing_hosts
@@ -29,6 +31,7 @@ from .ranks import ClusterState, RankInfo
 from .receiver import Receiver
 from .router import Router
 from .session import SESSION
+from .startup import Cancelled
 from .status import HostTable, StatusTable, collect_status, host_status, remote_samples
 from .views import Load, View, select
 from .world import World
@@ -37,9 +40,10 @@ __all__ = ["Cluster", "current", "last_spec", "release_hosts", "restart", "start
 
 
 def current() -> Cluster | None:
-    """The active cluster of this notebook process, or None."""
+    """The active cluster of this notebook process, or None: running, or rebuilt in place
+    (healing, restarting or growing with ``--keep``: its ranks run, a cell waits for it)."""
     c = Cluster.latest
-    return c if c is not None and c.running else None
+    return c if c is not None and c.state.live else None
 
 
 def last_spec() -> WorldSpec | None:
@@ -201,7 +205,12 @@ class Cluster:
         self._world = World(spec, self.names, self.ranks, cv, self.router, self.cells,
                             self._receiver, self.epoch, on_up=self._became_current,
                             on_down=self._stopped, on_death=self._died)
-        self._lifecycle = threading.RLock()  # one stop or restart at a time (--heal's too)
+        # The one owner of the world's moves: a start, stop, keep-restart or heal holds it
+        # for its whole length; ``_stop_asked`` (why, under ``_guard``) calls a rebuild
+        # under way off at its next wait, so a stop never waits a heal out.
+        self._lifecycle = threading.RLock()
+        self._guard = threading.Lock()
+        self._stop_asked = ""
         self._settled = threading.Event()  # clear while --heal rebuilds the world
         self._settled.set()
         self.healer: Healer | None = None
@@ -414,9 +423,10 @@ class Cluster:
 
         ``keep_logs``: a directory to copy each rank's full output log into first.
         """
+        self._call_off("the world was stopped")
         if self.healer is not None:
             self.healer.stop()
-        with self._lifecycle:
+        with self._owning("stop"):
             if self.state in (ClusterState.STOPPING, ClusterState.STOPPED):
                 return
             if self.running and not self._receiver.is_current_thread():
@@ -426,6 +436,34 @@ class Cluster:
                     self._copy_logs(keep_logs)
             finally:
                 self._world.teardown(timeout)
+
+    def _call_off(self, why: str) -> None:
+        """No new rebuild starts in this world; one under way gives up at its next wait."""
+        with self._guard:
+            self._stop_asked = self._stop_asked or why
+
+    def _cancelled(self) -> str:
+        with self._guard:
+            return self._stop_asked
+
+    @contextlib.contextmanager
+    def _owning(self, doing: str, timeout: float | None = None) -> Iterator[None]:
+        """Hold the lifecycle lock; a rebuild that holds it ends by its own start deadline
+        (sooner once called off), so waiting longer than that is a bug, said as one."""
+        timeout = self.spec.start_timeout + 5.0 if timeout is None else timeout
+        if not self._lifecycle.acquire(timeout=timeout):
+            raise DistTimeoutError(f"cannot {doing}: timed out after {timeout:g}s waiting for "
+                                   f"rank 0's {self.state.value} of this world to end")
+        try:
+            yield
+        finally:
+            self._lifecycle.release()
+
+    def _give_way(self, why: str, timeout: float) -> None:
+        """The process exits: call off a rebuild under way and let it tear down (bounded)."""
+        self._call_off(why)
+        if self._lifecycle.acquire(timeout=timeout):
+            self._lifecycle.release()
 
     def _copy_logs(self, dest: str) -> None:
         os.makedirs(dest, exist_ok=True)
@@ -477,7 +515,16 @@ class Cluster:
             if getattr(spec, key) != getattr(old, key):
                 raise ValueError(f"--keep cannot change {key.replace('_', '-')}: restart "
                                  "without --keep to change the machines of a world")
-        with self._lifecycle:
+        if spec.world_size != old.world_size:
+            phase = ClusterState.GROWING
+        else:
+            phase = ClusterState.HEALING if healing else ClusterState.RESTARTING
+        with self._owning("restart keeping state"):
+            if self._cancelled():
+                if healing:
+                    return  # the world is stopping: nothing to heal
+                raise ClusterStateError("cannot restart keeping state: this world is "
+                                        f"stopping ({self._cancelled()})")
             self._require_running("restart keeping state")
             if not self._receiver.is_current_thread():
                 self.flush(timeout=1.0)
@@ -488,7 +535,8 @@ class Cluster:
             epoch = next(SESSION.epochs)
             self._settled.clear()
             try:
-                self._world.rebuild(spec, spec.names(), epoch, kept, since)
+                self._world.rebuild(spec, spec.names(), epoch, kept, since, phase=phase,
+                                    cancelled=self._cancelled)
             finally:
                 self._settled.set()
             self.spec, self.names, self.epoch = spec, spec.names(), epoch
@@ -511,7 +559,10 @@ class Cluster:
     def _heal(self, ranks: list[int]) -> None:
         """The healer's call: rebuild keeping every live rank, if the world still runs."""
         if self.running and any(not self.ranks[r].alive for r in ranks if r in self.ranks):
-            self._rebuild(self.spec, quiet=True, healing=ranks)
+            try:
+                self._rebuild(self.spec, quiet=True, healing=ranks)
+            except Cancelled:
+                pass  # a stop, restart or exit called it off; that one says what it did
 
     def __enter__(self) -> Cluster:
         return self
@@ -522,6 +573,14 @@ class Cluster:
     def __repr__(self) -> str:
         return f"<nbdist.Cluster {self.state.value}: " + ", ".join(
             f"{r}={nm}" for r, nm in enumerate(self.names)) + ">"
+
+
+def _give_way_at_exit() -> None:
+    """First thing at exit: a heal or keep-restart under way gives up and tears its world
+    down while the template still reports its workers' exits (bounded: Jupyter gives a
+    kernel a few seconds)."""
+    if Cluster.latest is not None:
+        Cluster.latest._give_way("the process is exiting", timeout=3.0)
 
 
 def _stop_at_exit() -> None:
@@ -558,4 +617,5 @@ def _ranks(ranks: list[int]) -> str:
     return ", ".join(map(str, ranks))
 
 
+SESSION.before_exit.append(_give_way_at_exit)
 SESSION.on_exit.append(_stop_at_exit)

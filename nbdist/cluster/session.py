@@ -2,13 +2,14 @@
 runtime directory, the join agents, and the counters worlds draw from (the current world
 itself is ``core.Cluster``'s to keep).
 
-At interpreter exit it removes the runtime directory, stops the template (which SIGKILLs every
-worker it forked), then runs ``on_exit`` (``core`` stops the current world); displays' exit
-handlers, registered later, run before it. Prewarm (``%load_ext nbdist``, or ``import nbdist`` in a
-Jupyter kernel; ``Session.prewarm`` returns at once) launches the template, which imports torch
-in its own process, and imports torch's RPC here on the ``Warmup`` thread; ``NBDIST_PREWARM=0``
-turns it off. The template exits with the notebook, or after ``NBDIST_TEMPLATE_IDLE`` seconds
-(default 600) without workers.
+At interpreter exit it runs ``before_exit`` (``core`` calls off a heal under way, while the
+template still reports its workers' exits), removes the runtime directory, stops the template
+(which SIGKILLs every worker it forked), then runs ``on_exit`` (``core`` stops the current
+world); displays' exit handlers, registered later, run before it. Prewarm (``%load_ext nbdist``,
+or ``import nbdist`` in a Jupyter kernel; ``Session.prewarm`` returns at once) launches the
+template, which imports torch in its own process, and imports torch's RPC here on the
+``Warmup`` thread; ``NBDIST_PREWARM=0`` turns it off. The template exits with the notebook,
+or after ``NBDIST_TEMPLATE_IDLE`` seconds (default 600) without workers.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ class Session:
         self.warned_data_plane = False
         self.allocation: Allocation | None = None  # --slurm's job, kept across worlds
         self.follower: Any = None  # its time-left warner (``allocation.Follower``)
+        self.before_exit: list[Callable[[], None]] = []  # run first at exit, in order
         self.on_exit: list[Callable[[], None]] = []  # run last at exit, in order
         self.warmup = Warmup()  # torch's RPC imported here in the background
 
@@ -64,13 +66,14 @@ class Session:
         """Before a new ``init_rpc``: let a failed start's joining thread end (it is bounded
         by that start's deadline); a new one must not run beside it."""
         joiner, self.joiner = self.joiner, None
-        if joiner is None or not joiner.is_alive():
+        if joiner is None:
             return
         joiner.join(max(deadline - time.monotonic(), 0))
         if joiner.is_alive():
             self.joiner = joiner
             raise StartError("rank 0 is still inside init_rpc from the previous start, which "
                              "failed; it ends by that start's deadline: try again then")
+        _drop_late_agent()
 
     def runtime(self) -> str:
         """This process's private runtime directory, made on first use."""
@@ -140,6 +143,8 @@ class Session:
 
     def at_exit(self) -> None:
         """Quick on purpose: Jupyter gives a kernel a few seconds to exit before it kills it."""
+        for hook in self.before_exit:
+            hook()
         if self.runtime_dir is not None:
             shutil.rmtree(self.runtime_dir, ignore_errors=True)
         try:
@@ -152,6 +157,22 @@ class Session:
         finally:
             for hook in self.on_exit:
                 hook()
+
+
+def _drop_late_agent() -> None:
+    """A failed start's ``init_rpc`` that ended after its world was torn down may have set
+    an RPC agent (torch sets it before its last all-gather with the peers, which were gone):
+    shut it and RPC's counters down, else the next ``init_rpc`` meets "RPC is already
+    initialized" (issue 45: a rank killed while rank 0 joined a heal's world)."""
+    import torch.distributed.rpc as rpc
+
+    from ..patches import rpc_hooks
+
+    try:
+        rpc.shutdown(graceful=False)
+    except Exception:  # noqa: BLE001 - none was set: nothing to drop
+        return
+    rpc_hooks.reset_world_state()
 
 
 SESSION = Session()

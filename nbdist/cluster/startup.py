@@ -34,8 +34,8 @@ from ..telemetry import tracing
 from .ranks import RankInfo
 from .router import Router, StatusLine
 
-__all__ = ["ARRIVED", "Rank0", "StartWatch", "arrival_file", "torch_iface", "user_group_file",
-           "worker_config"]
+__all__ = ["ARRIVED", "Cancelled", "Rank0", "StartWatch", "arrival_file", "torch_iface",
+           "user_group_file", "worker_config"]
 
 _DEADLINE_SLACK = 0.5  # a torch wait ending this close to the start deadline is its timeout
 
@@ -129,15 +129,26 @@ def _rendezvous(world_dir: str, epoch: int, hosted: bool) -> dict[str, str]:
     return {p: f"file://{world_dir}/{p}-{epoch}" for p in ("rpc", "pg")}
 
 
+class Cancelled(StartError):
+    """A start or rebuild was called off from outside (a stop, a restart, the process
+    exiting); the world is torn down, as after any failed start."""
+
+
 class StartWatch:
     """Deadline and liveness checks shared by every step of one start."""
 
     def __init__(self, ranks: dict[int, RankInfo], deadline: float, timeout: float,
-                 cv: threading.Condition) -> None:
+                 cv: threading.Condition, cancelled: Callable[[], str] | None = None) -> None:
         self.ranks, self.deadline, self.timeout, self.cv = ranks, deadline, timeout, cv
+        self.cancelled = cancelled  # says why the start was called off ("" while it is not)
 
-    def check(self, waiting: set[int], what: str) -> None:
-        """Raise if a rank in ``waiting`` died or the deadline passed."""
+    def check(self, waiting: set[int], what: str, cancellable: bool = True) -> None:
+        """Raise if the start was called off (``Cancelled``; not while ``cancellable`` is
+        False: rank 0 inside ``init_rpc`` finishes joining its live peers first, so no thread
+        is left in torch), a rank in ``waiting`` died or the deadline passed."""
+        why = self.cancelled() if cancellable and self.cancelled is not None else ""
+        if why:
+            raise Cancelled(why)
         for r in sorted(waiting):
             info = self.ranks.get(r)
             if info is not None and info.exit_code is not None:
@@ -350,7 +361,7 @@ class Rank0:
         while self.joiner.is_alive():
             self.joiner.join(0.05)
             if self.joiner.is_alive():
-                watch.check(workers, what)
+                watch.check(workers, what, cancellable=False)
         self.joiner = None
         if "error" in box:
             # torch's own waits are bounded by the same deadline, so they can end a moment

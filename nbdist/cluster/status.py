@@ -53,6 +53,7 @@ class StatusTable:
     with_host: bool = False
     with_gpu: bool = False
     with_shm: bool = False
+    world: str = ""  # the world's state (``ClusterState``'s value): a line below the rows
 
     COLUMNS = ("rank", "name", "pid", "state", "cpu %", "mem MB", "uptime s")
     GPU_COLUMNS = ("gpu", "gpu MB alloc/res", "gpu util %")
@@ -83,13 +84,16 @@ class StatusTable:
         return cells
 
     def __str__(self) -> str:
-        return text_table(self.columns, [self._cells(r) for r in self.rows])
+        tail = f"\nworld: {self.world}" if self.world else ""
+        return text_table(self.columns, [self._cells(r) for r in self.rows]) + tail
 
     __repr__ = __str__
 
     def _repr_html_(self) -> str:
+        tail = f"<p>world: {self.world}</p>" if self.world else ""
         return html_table("nbdist-status", self.columns, [self._cells(r) for r in self.rows],
-                          ["" if r["alive"] else ' style="color:#b00"' for r in self.rows])
+                          ["" if r["alive"] else ' style="color:#b00"' for r in self.rows]
+                          ) + tail
 
     def alive(self) -> dict[int, bool]:
         """``{rank: alive}`` for the world's ranks (the template row is not one)."""
@@ -121,7 +125,7 @@ def collect_status(cluster: Any, template_pid: int | None = None,
     rows = []
     for rank in sorted(cluster.ranks):
         info = cluster.ranks[rank]
-        alive = info.alive and (rank == 0 or cluster.running)
+        alive = info.alive and (rank == 0 or cluster.state.live)
         cpu = mem = None
         if alive and info.host is None:
             cpu, mem = _sample(info.pid)
@@ -147,7 +151,7 @@ def collect_status(cluster: Any, template_pid: int | None = None,
     with_shm = cluster.running and getattr(cluster.spec, "rpc", False) and \
         _shm_column(cluster, rows)
     return StatusTable(rows, with_host=bool(getattr(cluster.spec, "hosts", ())),
-                       with_gpu=with_gpu, with_shm=with_shm)
+                       with_gpu=with_gpu, with_shm=with_shm, world=cluster.state.value)
 
 
 def _gpu_columns(cluster: Any, rows: list[dict], timeout: float = 2.0) -> None:

@@ -42,7 +42,7 @@ from .ranks import ClusterState, RankInfo
 from .receiver import Receiver
 from .router import Router
 from .session import SESSION
-from .startup import Rank0, StartWatch, worker_config
+from .startup import Cancelled, Rank0, StartWatch, worker_config
 
 __all__ = ["World"]
 
@@ -136,16 +136,18 @@ class World:
                   + _merge_note(spec))
 
     def rebuild(self, spec: WorldSpec, names: list[str], epoch: int, kept: set[int],
-                since: float | None = None) -> None:
+                since: float | None = None, phase: ClusterState = ClusterState.RESTARTING,
+                cancelled: Callable[[], str] | None = None) -> None:
         """Keep-restart: the same world directory, receiver and cells; ranks in ``kept`` keep
         their process (and ``__main__``) and rejoin a new RPC world of ``spec``; every other
         worker rank is forked fresh under its number, ranks beyond the new size are stopped.
         On failure everything is torn down, as a failed start is; flags the machine cannot
         meet (``--gpus``, nccl) raise ValueError first, with the world untouched. ``since``:
-        as ``start``'s."""
+        as ``start``'s. ``phase``: the state while it runs (healing, restarting, growing);
+        ``cancelled`` (says why, or "") calls it off at its next wait (``Cancelled``)."""
         self.state.require(ClusterState.RUNNING, doing="restart keeping state")
         gpu = self._plan_devices(spec, names)
-        self.state = ClusterState.STARTING
+        self.state = phase
         t0 = time.monotonic()
         try:
             self._leave_rpc()
@@ -166,7 +168,10 @@ class World:
                     self.ranks[r].device = gpu.device(r)
                 self.ranks[0].name = names[0]
             self.receiver.poke()
-            watch = StartWatch(self.ranks, t0 + spec.start_timeout, spec.start_timeout, self.cv)
+            watch = StartWatch(self.ranks, t0 + spec.start_timeout, spec.start_timeout, self.cv,
+                               cancelled)
+            if cancelled is not None and cancelled():
+                raise Cancelled(cancelled())
             template = self._warm_template(quiet=True, keeping=True)
             self.why_no_rpc = self._choose_rpc()
             if self.store is not None:
@@ -175,7 +180,7 @@ class World:
             self._join_all(template, watch, kept=kept)
         except BaseException as exc:
             self.teardown()
-            if isinstance(exc, KeyboardInterrupt):
+            if isinstance(exc, (KeyboardInterrupt, Cancelled)):
                 raise
             raise StartError(f"could not rebuild the world, so every rank was stopped "
                              f"(`%dist_restart` starts a fresh one): {exc}") from exc
