@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import psutil
 from jupyter_client.manager import KernelManager
 
 
@@ -171,3 +172,16 @@ def kernel_with_world(start: str, timeout: float = 180):
         k.execute("%dist_stop", timeout=60)
     finally:
         k.close()
+
+
+def kill_tree(pid: int) -> None:
+    """Kill ``pid`` and every process below it."""
+    try:
+        procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass

@@ -13,13 +13,13 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
+from kernel_helpers import kill_tree
 
 from .cases import Case
 from .observe import Run, add_output, read_records, split_by_rank, uncaught
 from .prelude import PRELUDE
 
-__all__ = ["kill_tree", "program", "quiet_port", "run_script"]
+__all__ = ["program", "quiet_port", "run_script"]
 
 TEE = r"\[default(\d+)\]:"  # torchrun --tee's prefix on a rank's lines
 # what plain torch (2.13-2.15, gloo) prints when a process aborts at exit after its program
@@ -44,19 +44,6 @@ def _command(case: Case) -> list[str]:
         return [sys.executable, "-m", "torch.distributed.run", "--standalone",
                 "--nproc-per-node", str(case.n), "--tee", "3", "prog.py"]
     return [sys.executable, "prog.py"]
-
-
-def kill_tree(pid: int) -> None:
-    """Kill ``pid`` and every process below it."""
-    try:
-        procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
-    except psutil.Error:
-        return
-    for p in procs:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
 
 
 def quiet_port() -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..conformance.script import kill_tree
+from kernel_helpers import kill_tree
 
 __all__ = ["agree", "collect", "hang", "key", "kill_tree", "merge"]  # kill_tree: re-exported
 
