@@ -129,8 +129,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(RESULTS / "torch_rpc"))
     ap.add_argument("--keep", metavar="DIR", help="run in DIR and keep every rank's records")
     ap.add_argument("--only", metavar="REGEX", help="the tests whose id matches REGEX")
+    ap.add_argument("--report", action="store_true",
+                    help="rewrite --out's .md from its .json with today's intended list (no run)")
     args = ap.parse_args(argv)
     everything = pool()
+    if args.report:
+        return _rewrite(Path(args.out), everything)
     tests = sample(everything, args.sample, args.seed) if args.sample else everything
     if args.only:
         tests = [t for t in tests if re.search(args.only, t.id)]
@@ -147,6 +151,21 @@ def main(argv: list[str] | None = None) -> int:
         indent=1))
     print(text)
     return 0 if all(why for f in forms for *_, why in f.differences().values()) else 1
+
+
+def _rewrite(out: Path, everything: list[Test]) -> int:
+    """The report of a saved run, judged by the intended list as it is now."""
+    saved = json.loads(out.with_suffix(".json").read_text())
+    by_id = {t.id: t for t in everything}
+    forms = []
+    for name, d in saved.items():
+        f = Form(name, [by_id[i] for i in d["world"] if i in by_id], d["world"],
+                 d["reference"], d["world_s"], d["reference_s"], d.get("incidents", []))
+        forms.append(f)
+    head = out.with_suffix(".md").read_text().splitlines()[0]
+    label = head.split("(", 1)[1].rstrip(")") if "(" in head else "saved run"
+    out.with_suffix(".md").write_text(_report(forms, len(everything), label))
+    return 0
 
 
 if __name__ == "__main__":
