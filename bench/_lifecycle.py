@@ -92,15 +92,28 @@ def check(settle: float = 5.0) -> dict:
         time.sleep(0.05)
 
 
+_TIMERS: list[Any] = []  # Ctrl-C timers of the step under way, cancelled when it returns
+
+
 def _ctrl_c_after(seconds: float) -> None:
     import threading
 
-    threading.Timer(seconds, os.kill, (os.getpid(), signal.SIGINT)).start()
+    timer = threading.Timer(seconds, os.kill, (os.getpid(), signal.SIGINT))
+    _TIMERS.append(timer)
+    timer.start()
 
 
 def step(ip: Any, kind: str, rng: random.Random) -> str:
     """Do one stress step in the IPython shell ``ip``; returns what happened, in a word or
     an error's first line (expected errors: a command the state refuses, a Ctrl-C)."""
+    try:
+        return _step(ip, kind, rng)
+    finally:  # a Ctrl-C meant for this step must not land in the next one
+        while _TIMERS:
+            _TIMERS.pop().cancel()
+
+
+def _step(ip: Any, kind: str, rng: random.Random) -> str:
     c = nbdist.current()
     n = rng.randint(1, 3)
     try:

@@ -121,8 +121,11 @@ def test_exit_during_a_heal_does_not_wait_it_out(delay, tmp_path):
 #: is inside a heal's init_rpc: the late agent that call left made the next start fail with
 #: "RPC is already initialized" (fixed: ``session._drop_late_agent``); the call itself still
 #: outlives the heal by up to its deadline, so the restart after it waits (known, issue 45).
+#: Seed 16: a Ctrl-C during a start left a forked worker whose pid was not yet known, running
+#: after the start said it was gone (fixed: ``shield.held_interrupts``).
 REGRESSION_SEEDS = [pytest.param(0, marks=pytest.mark.xfail(
-    strict=False, reason="rank 0 stays inside a failed heal's init_rpc until its deadline"))]
+    strict=False, reason="rank 0 stays inside a failed heal's init_rpc until its deadline")),
+    16]
 
 
 def _stress(kernel, seeds, steps: int) -> list[dict]:

@@ -42,6 +42,7 @@ from .ranks import ClusterState, RankInfo
 from .receiver import Receiver
 from .router import Router
 from .session import SESSION
+from .shield import held_interrupts
 from .startup import Cancelled, Rank0, StartWatch, worker_config
 
 __all__ = ["World"]
@@ -308,10 +309,11 @@ class World:
             by_host.setdefault(cfg.host, []).append(cfg)
         if None in by_host:
             template.wait_ready(watch.deadline)
-        for host, cfgs in by_host.items():
-            launcher: Launcher = template if host is None else self.agents[host]
-            for rank, pid in launcher.spawn(cfgs, watch.deadline).items():
-                self.ranks[rank].pid = pid
+        with held_interrupts():  # a Ctrl-C here would leave a fork with no known pid
+            for host, cfgs in by_host.items():
+                launcher: Launcher = template if host is None else self.agents[host]
+                for rank, pid in launcher.spawn(cfgs, watch.deadline).items():
+                    self.ranks[rank].pid = pid
 
     # ------------------------------------------------------------------ worker lives
     def on_host_lost(self, host: str, why: str) -> None:
@@ -406,6 +408,10 @@ class World:
         """Stop every worker, leave rank 0's RPC ready for a new world, free what was made."""
         if self.state in (ClusterState.STOPPING, ClusterState.STOPPED):
             return
+        with held_interrupts():  # half a teardown would leave workers running
+            self._teardown(timeout)
+
+    def _teardown(self, timeout: float) -> None:
         self.state = ClusterState.STOPPING
         try:
             self.router.muted = True
