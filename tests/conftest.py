@@ -34,6 +34,10 @@ NOTEBOOKS = ROOT / "notebooks"
 ARTIFACTS = ROOT / "tests" / "artifacts"
 
 sys.path.insert(0, str(ROOT / "tests"))
+# hypothesis keeps its example database and caches in ./.hypothesis unless told otherwise: a
+# file a test leaves in the working directory fails the leak guard
+os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY",
+                      os.path.join(os.environ.get("TMPDIR", "/tmp"), "nbdist-hypothesis"))
 
 
 # -- markers ----------------------------------------------------------------------------------
