@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from torch.testing._internal.common_distributed import TEST_SKIPS
-from torch.testing._internal.common_utils import set_rng_seed
+from torch.testing._internal.common_utils import SEED, set_rng_seed
 from torch.testing._internal.distributed import rpc_utils
 from torch.testing._internal.distributed.rpc.tensorpipe_rpc_agent_test_fixture import (
     TensorPipeRpcAgentTestFixture,
@@ -100,8 +100,16 @@ def instance(cls_name: str, name: str, rank: int, file_name: str) -> Any:
     return case
 
 
+def _seed() -> None:
+    """torch's per-test seed: ``set_rng_seed()`` (2.9 on), ``set_rng_seed(SEED)`` before."""
+    try:
+        set_rng_seed()
+    except TypeError:
+        set_rng_seed(SEED)
+
+
 def _call(case: Any, name: str, form: str) -> None:
-    set_rng_seed()  # as MultiProcessTestCase.run_test does before each test
+    _seed()  # as MultiProcessTestCase.run_test does before each test
     if form == "script":
         getattr(case, name)()
         return
