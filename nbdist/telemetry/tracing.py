@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import os
 import threading
 import time
@@ -101,6 +102,8 @@ def payload_bytes(t: Any) -> int:
     kind this does not know. The kind is checked before the size: ``nbytes`` refuses sparse
     COO and, for a compressed sparse or meta tensor, counts the dense size, not what goes."""
     try:
+        if t.layout is _strided() and not (t.is_nested or t.is_meta):
+            return t.nbytes  # the common case first: this runs for every tensor of every call
         if t.is_meta:
             return 0
         parts = _COMPRESSED.get(str(t.layout))
@@ -116,6 +119,13 @@ def payload_bytes(t: Any) -> int:
         return t.nbytes
     except Exception:  # noqa: BLE001 - a kind with parts of its own: not counted
         return 0
+
+
+@functools.lru_cache(maxsize=1)
+def _strided() -> Any:
+    import torch
+
+    return torch.strided
 
 
 _ROWS = ("crow_indices", "col_indices", "values")
