@@ -25,7 +25,7 @@ __all__ = ["after_cell", "cell_ended", "cell_started", "end_agent", "install", "
 class _UserAgent:
     """The agent user code started in this process (per process: one agent at a time)."""
 
-    agent: bool = False  # the user's last init_rpc made the agent up now (no reference is
+    up: bool = False  # the user's last init_rpc made the agent up now (no reference is
     # kept: a shut-down agent holds its store, and rank 0's store is a listening TCP server)
     this_cell: bool = False  # made by the cell running now
     installed: bool = False
@@ -59,7 +59,7 @@ def _wrap(init_rpc: Any) -> Any:
         if not api._is_current_rpc_agent_set():
             _forget_last_agent()
         result = init_rpc(*args, **kwargs)
-        _AGENT_PER_PROCESS.agent = True
+        _AGENT_PER_PROCESS.up = True
         _AGENT_PER_PROCESS.this_cell = True
         return result
 
@@ -72,7 +72,7 @@ def _forget_last_agent() -> None:
     all-gather counters (``_init_counter`` is kept: the world's store may hold its keys)."""
     from . import rpc_hooks, rref_reset
 
-    _AGENT_PER_PROCESS.agent = False
+    _AGENT_PER_PROCESS.up = False
     rref_reset.reset_singleton()
     rpc_hooks.reset_world_state(keep_init_counter=True)
     gc.collect()  # the last rendezvous's store (a TCP server on rank 0) must not serve on
@@ -82,7 +82,7 @@ def started_here() -> bool:
     """Whether an agent user code started in this process is up now."""
     from torch.distributed.rpc import api
 
-    return _AGENT_PER_PROCESS.agent and bool(api._is_current_rpc_agent_set())
+    return _AGENT_PER_PROCESS.up and bool(api._is_current_rpc_agent_set())
 
 
 def cell_started(*_: Any) -> None:
@@ -140,7 +140,7 @@ def end_agent(timeout: float = END_TIMEOUT) -> None:
             thread.join(0.1)
         except KeyboardInterrupt:  # the agent ends either way; the cell already failed
             continue
-    _AGENT_PER_PROCESS.agent = False
+    _AGENT_PER_PROCESS.up = False
     if thread.is_alive():
         print(f"nbdist: the RPC agent of the failed cell did not shut down within {timeout:g}s",
               file=sys.stderr)
