@@ -26,8 +26,8 @@ STEPS = ("start", "stop", "restart", "keep", "grow", "shrink", "kill", "kill_sto
 #: The longest any one command may take: its own deadline (the world's start timeout, 60 s)
 #: and slack for a loaded 2-core machine; a step past this waited past its deadline.
 STEP_LIMIT = 70.0
-#: A step longer than this is counted as long (``run_seed``'s "long"): a start after a rank
-#: died while rank 0 was inside a rebuild's ``init_rpc`` waits for that call's deadline.
+#: A step longer than this is counted as long (``run_seed``'s "long"): before session 14, a
+#: start after a rank died while rank 0 was inside a rebuild's ``init_rpc`` waited for it.
 LONG = 10.0
 #: Outcomes a step may have besides "ok": a command the state refuses, a Ctrl-C, a cell that
 #: names a dead rank (--heal gives up on a rank killed 3 times in 60 s), a start a Ctrl-C

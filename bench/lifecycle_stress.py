@@ -82,7 +82,7 @@ def main() -> int:
     ap.add_argument("--first-seed", type=int, default=0)
     args = ap.parse_args()
     rounds, seeds, steps = (1, 1, 4) if args.smoke else (args.rounds, args.seeds, args.steps)
-    first = 1 if args.smoke else args.first_seed  # seed 0 waits a minute (README, known)
+    first = 1 if args.smoke else args.first_seed
     signal.signal(signal.SIGINT, signal.default_int_handler)
     from IPython.testing.globalipapp import get_ipython
 
@@ -116,9 +116,7 @@ def main() -> int:
     lines += ["", f"Stress: {len(passed)}/{len(runs)} seeds passed, "
               f"{sum(r['steps'] for r in runs)} steps checked in {total:.0f} s; slowest step "
               f"{max((r['slowest'] for r in runs), default=0):.1f} s; steps over "
-              f"{_lifecycle.LONG:g} s: {sum(r['long'] for r in runs)} (a rank killed while "
-              "rank 0 was inside a rebuild's init_rpc: the next start waits for that call's "
-              "deadline).", ""]
+              f"{_lifecycle.LONG:g} s: {sum(r['long'] for r in runs)}.", ""]
     failed = [r for r in runs if r["failure"] is not None]
     if failed:
         lines += ["Failing seeds (keep them as regression tests in tests/test_lifecycle.py):", ""]

@@ -53,6 +53,8 @@ class Session:
         self.exec_ids = itertools.count(1)  # cells and flush tokens, unique per process
         self.epochs = itertools.count(1)  # one per world: keeps RRef ids of worlds apart
         self.joiner: threading.Thread | None = None  # rank 0's init_rpc of a failed start
+        # such threads left inside Gloo's connect to a gone world (``_abandon_in_gloo``)
+        self.abandoned: list[threading.Thread] = []
         self.agents: dict[tuple, HostAgent] = {}  # join agents on other hosts, kept warm
         self.agent_key = os.urandom(32)  # the secret agents prove (reaches them on stdin)
         self.warned_data_plane = False
@@ -65,10 +67,17 @@ class Session:
     def settle_joiner(self, deadline: float) -> None:
         """Before a new ``init_rpc``: let a failed start's joining thread end (it is bounded
         by that start's deadline); a new one must not run beside it."""
+        from ..patches import rpc_hooks
+
         joiner, self.joiner = self.joiner, None
         if joiner is None:
             return
-        joiner.join(max(deadline - time.monotonic(), 0))
+        while joiner.is_alive() and time.monotonic() < deadline:
+            rpc_hooks.release_gathers()  # it may have reached init_rpc's last gather since
+            if _abandon_in_gloo(joiner):
+                self.abandoned.append(joiner)
+                return
+            joiner.join(min(0.1, max(deadline - time.monotonic(), 0)))
         if joiner.is_alive():
             self.joiner = joiner
             raise StartError("rank 0 is still inside init_rpc from the previous start, which "
@@ -157,6 +166,35 @@ class Session:
         finally:
             for hook in self.on_exit:
                 hook()
+
+
+class _WorldGone(BaseException):
+    """Raised in a failed start's joining thread the moment Gloo gives it back."""
+
+
+#: Where torch's ``init_rpc`` builds its Gloo group: nothing of RPC's process-wide state is
+#: set yet, so a call stopped on its return leaves none behind.
+_GLOO_FRAME = ("_init_process_group", "torch/distributed/rpc/backend_registry.py")
+
+
+def _abandon_in_gloo(joiner: threading.Thread) -> bool:
+    """If ``joiner`` (a failed start's ``init_rpc``) waits inside Gloo's connect to its
+    world's ranks, which are gone, make it stop the moment that returns, and say so.
+
+    Gloo retries a refused connect to each dead peer in turn, each for the whole timeout:
+    a rank killed while rank 0 joined a heal's world kept that thread there past the next
+    start's deadline (issue 45, seed 6). The call holds only its own store and group, and
+    the pending exception fires at its next Python instruction, before the RPC agent or any
+    of RPC's globals are set, so the next ``init_rpc`` need not wait for it."""
+    import ctypes
+
+    frame = sys._current_frames().get(joiner.ident or -1)
+    if frame is None or (frame.f_code.co_name, frame.f_code.co_filename.replace(
+            os.sep, "/").endswith(_GLOO_FRAME[1])) != (_GLOO_FRAME[0], True):
+        return False
+    hit = ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(joiner.ident),
+                                                     ctypes.py_object(_WorldGone))
+    return hit == 1
 
 
 def _drop_late_agent() -> None:

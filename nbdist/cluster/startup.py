@@ -242,6 +242,7 @@ class Rank0:
         self.rpc_up = False
         self.pg_up = False
         self.joiner: threading.Thread | None = None
+        self.rpc_store: Any = None  # rank 0's closable RPC rendezvous in a local world
         self._excepthook = sys.excepthook  # init_process_group wraps it; leave() restores it
 
     def join(self, watch: StartWatch) -> None:
@@ -277,8 +278,10 @@ class Rank0:
 
             store.use(self.store)
         init = _rendezvous(self.world_dir, self.epoch, hosted=self.store is not None)
+        rpc_init = init["rpc"] if self.store is not None else self._closable_rpc_store(
+            init["rpc"], left)
         with torch_iface(self.ifname), _gloo_timeout(left):
-            membership.join_rpc(self.names[0], 0, spec.world_size, init["rpc"], left,
+            membership.join_rpc(self.names[0], 0, spec.world_size, rpc_init, left,
                                 self.maps, run=self._watched(watch))
             self.rpc_up = True
             if usable("rpc_timeout"):
@@ -372,6 +375,18 @@ class Rank0:
                 raise watch.timed_out(workers, what) from box["error"]
             raise box["error"]
 
+    def _closable_rpc_store(self, file_url: str, timeout: float) -> str:
+        """Rank 0's side of a local world's RPC rendezvous (``file_url``'s file, which the
+        workers open themselves) as a ``ClosableStore``, so ``leave`` ends its waits."""
+        import torch.distributed as dist
+
+        from ..proc import store
+
+        self.rpc_store = store.ClosableStore(
+            dist.FileStore(file_url[len("file://"):], self.spec.world_size), timeout)
+        store.use(self.rpc_store)
+        return store.rendezvous_url("rpc")
+
     def leave(self) -> None:
         """Leave the world without waiting for peers; ready for the next ``init_rpc``.
 
@@ -381,6 +396,8 @@ class Rank0:
         """
         # a world without RPC touched none of torch RPC's state: nothing of it to reset
         membership.leave(group=self.pg_up, rpc_agent=self.rpc_up, reset_rpc=self.spec.rpc)
+        if self.rpc_store is not None:  # a joining thread left waiting on it ends now
+            self.rpc_store.close()
         if self.pg_up:
             self.pg_up = False
             sys.excepthook = self._excepthook  # else each world adds one more "[rank0]:"

@@ -35,6 +35,7 @@ __all__ = [
     "install_caller",
     "interrupt_rpc_threads",
     "last_failed_destination",
+    "release_gathers",
     "reset_world_state",
     "set_on_failure",
     "wait_future",
@@ -418,7 +419,28 @@ def reset_world_state(init_count: int = 0, keep_init_counter: bool = False) -> N
         # the last init_rpc's rendezvous, kept by torch so its tcp:// store keeps serving:
         # the next one (same address) must not meet there
         vars(rpc).pop("rendezvous_iterator", None)
+    release_gathers()  # a gather of the world left can never complete
     with api._all_gather_dict_lock:
         api._all_gather_sequence_id.clear()
         api._all_gather_sequence_id_to_states = collections.defaultdict(
             api._all_gather_sequence_id_to_states.default_factory)
+
+
+def release_gathers() -> int:
+    """Wake every thread of this process waiting in torch's ``_all_gather`` (as its leader,
+    for the peers' objects); returns how many gathers were pending.
+
+    ``init_rpc`` ends with one such gather, whose leader waits the whole RPC timeout for
+    peers that died: rank 0's join of a failed start or heal then outlived the world by a
+    minute and held up the next start (issue 45, seeds 0 and 6). Woken, the leader sends to
+    the peers, which fails at once for the dead ones, and the call ends with torch's error.
+    Only for a world being left: no gather of a live world may be pending."""
+    if not torch_private.usable("restart"):
+        return 0
+    from torch.distributed.rpc import api
+
+    with api._all_gather_dict_lock:
+        states = list(api._all_gather_sequence_id_to_states.values())
+    for state in states:
+        state.proceed_signal.set()
+    return len(states)

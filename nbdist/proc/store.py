@@ -23,7 +23,7 @@ from ..errors import DistTimeoutError
 from .channel import Address, Channel, HandshakeError, Listener, connect
 from .protocol import ProtocolError, StoreOp, StoreReply
 
-__all__ = ["MemoryStore", "RemoteStore", "StoreServer", "rendezvous_url", "use"]
+__all__ = ["ClosableStore", "MemoryStore", "RemoteStore", "StoreServer", "rendezvous_url", "use"]
 
 SCHEME = "nbdist"
 _current: dist.Store | None = None
@@ -31,6 +31,73 @@ _current: dist.Store | None = None
 
 def _bytes(value: Any) -> bytes:
     return value.encode() if isinstance(value, str) else bytes(value)
+
+
+class ClosableStore(dist.Store):
+    """``inner``'s keys (rank 0's ``FileStore`` in a local world), with waits that end when
+    this is closed or after ``timeout`` seconds.
+
+    torch's file rendezvous gives its store 5 minutes, and the RPC agent's start waits on it
+    for each peer's address in turn: rank 0's join of a start that failed (a rank killed
+    meanwhile) stayed there past the next start's deadline. Closed when rank 0 leaves the
+    world, the store ends those waits at once."""
+
+    SLICE = 0.25  # seconds of one wait on ``inner`` between looks at ``closed``
+
+    def __init__(self, inner: dist.Store, timeout: float) -> None:
+        super().__init__()
+        self._inner = inner
+        self._wait_s = timeout
+        self.closed = False
+
+    def _wait_for(self, keys: list[str], timeout: float | None) -> None:
+        end = time.monotonic() + (self._wait_s if timeout is None else timeout)
+        while True:
+            if self.closed:
+                raise RuntimeError("the world's rendezvous store was closed (rank 0 left the "
+                                   "world: its start failed or it stopped)")
+            left = end - time.monotonic()
+            if left <= 0:
+                raise DistTimeoutError(f"timed out waiting for rendezvous keys "
+                                       f"{', '.join(keys)} (a rank did not join)")
+            try:
+                self._inner.wait(keys, timedelta(seconds=min(self.SLICE, left)))
+                return
+            except RuntimeError:  # this slice ended: look again
+                continue
+
+    def set(self, key: str, value: Any) -> None:
+        self._inner.set(key, value)
+
+    def get(self, key: str, timeout: float | None = None) -> bytes:
+        self._wait_for([key], timeout)
+        return self._inner.get(key)
+
+    def add(self, key: str, amount: int) -> int:
+        return self._inner.add(key, amount)
+
+    def compare_set(self, key: str, expected: Any, desired: Any) -> bytes:
+        return self._inner.compare_set(key, expected, desired)
+
+    def wait(self, keys: list[str], timeout: Any = None) -> None:
+        if isinstance(timeout, timedelta):
+            timeout = timeout.total_seconds()
+        self._wait_for(list(keys), timeout)
+
+    def check(self, keys: list[str]) -> bool:
+        return self._inner.check(keys)
+
+    def num_keys(self) -> int:
+        return self._inner.num_keys()
+
+    def delete_key(self, key: str) -> bool:
+        return self._inner.delete_key(key)
+
+    def set_timeout(self, timeout: timedelta) -> None:
+        self._wait_s = timeout.total_seconds()
+
+    def close(self) -> None:
+        self.closed = True
 
 
 class MemoryStore(dist.Store):
@@ -281,3 +348,4 @@ def use(store: dist.Store) -> None:
 def rendezvous_url(purpose: str) -> str:
     """The init_method for ``purpose`` (``rpc`` or ``pg``) in a host world."""
     return f"{SCHEME}://{purpose}"
+
