@@ -5,7 +5,7 @@ sent to a temporary directory (never ``bench/results``). The scripts run side by
 deadline; each must exit 0, leave no process behind, and write results that name the commit
 they measured. Two guards keep the list honest: a new script under bench/ must be listed here
 (or as a helper another script runs), and every file in ``bench/results`` must be one that
-``make bench`` writes (or the hand-kept ``notes.md``).
+``make bench`` (or another listed target) writes, or the hand-kept ``notes.md``.
 """
 
 from __future__ import annotations
@@ -52,6 +52,11 @@ SCRIPTS = {
     "fail_fast.py": ["fail_fast.json", "fail_fast.md"],
     "lifecycle_stress.py": ["lifecycle_stress.json", "lifecycle_stress.md"],
 }
+#: Results other ``make`` targets write: target -> its results files (each named in its
+#: recipe without the suffix). The conformance suite is not a bench script: it runs torch's
+#: tests, and its whole pool takes hours.
+OTHER_TARGETS = {"conformance-torch": ["torch_rpc_world.json", "torch_rpc_world.md",
+                                       "torch_rpc_script.json", "torch_rpc_script.md"]}
 #: Not run by the smoke test: the same code as another entry, one switch apart.
 SAME_AS = {"rpc.py --unpinned": "rpc.py"}
 #: Scripts with a ``__main__`` that other scripts run as their child processes.
@@ -90,7 +95,12 @@ def _matches(names: list[str], patterns: list[str]) -> bool:
 
 
 def test_every_results_file_is_one_make_bench_writes():
-    written = [f for files in SCRIPTS.values() for f in files]
+    make = (ROOT / "Makefile").read_text()
+    for target, files in OTHER_TARGETS.items():
+        recipe = make.split(f"\n{target}:", 1)[1].split("\n\n", 1)[0]
+        for name in files:
+            assert f"bench/results/{name.rsplit('.', 1)[0]}" in recipe, (target, name)
+    written = [f for files in [*SCRIPTS.values(), *OTHER_TARGETS.values()] for f in files]
     present = {p.name for p in (BENCH / "results").iterdir()} - HAND_KEPT
     stray = sorted(n for n in present if not any(fnmatch.fnmatchcase(n, w) for w in written))
     assert not stray, f"results no bench script writes: {stray}"

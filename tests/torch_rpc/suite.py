@@ -6,7 +6,8 @@
 - script form: tests as written in a ``--no-rpc`` world vs. torch's own launcher.
 
 ``python -m tests.torch_rpc.suite [--sample N] [--seed S] [--forms world,script]`` (``make
-conformance-torch`` runs the whole pool) writes ``bench/results/torch_rpc.md`` and ``.json``.
+conformance-torch`` runs the whole pool, one form at a time) writes ``--out``'s ``.md`` and
+``.json`` (default ``bench/results/torch_rpc``).
 """
 
 from __future__ import annotations
