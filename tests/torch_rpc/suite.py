@@ -132,18 +132,31 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", metavar="REGEX", help="the tests whose id matches REGEX")
     ap.add_argument("--report", action="store_true",
                     help="rewrite --out's .md from its .json with today's intended list (no run)")
+    ap.add_argument("--shard", metavar="K/N", help="every Nth test from the Kth (1-based): "
+                    "the pool in N runs, e.g. on N machines; --merge joins their results")
+    ap.add_argument("--merge", nargs="+", metavar="JSON",
+                    help="join the .json of shard runs into --out (no run)")
     args = ap.parse_args(argv)
     everything = pool()
     if args.report:
         return _rewrite(Path(args.out), everything)
+    if args.merge:
+        return _merge([Path(p) for p in args.merge], Path(args.out), everything)
     tests = sample(everything, args.sample, args.seed) if args.sample else everything
     if args.only:
         tests = [t for t in tests if re.search(args.only, t.id)]
+    if args.shard:
+        k, n = (int(x) for x in args.shard.split("/"))
+        if not 1 <= k <= n:
+            ap.error(f"--shard {args.shard}: K must be 1..N")
+        tests = tests[k - 1::n]
     with tempfile.TemporaryDirectory(prefix="nbdist-torch-rpc-") as tmp:
         base = Path(args.keep) if args.keep else Path(tmp)
         forms = [run_form(name, tests, base / name) for name in args.forms.split(",")]
     label = (f"sample of {len(tests)}, seed {args.seed}" if args.sample
              else f"{len(tests)} matching {args.only!r}" if args.only else "whole pool")
+    if args.shard:
+        label += f", shard {args.shard}"
     text = _report(forms, len(everything), label)
     Path(args.out + ".md").write_text(text)
     Path(args.out + ".json").write_text(json.dumps(
@@ -154,15 +167,38 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if all(why for f in forms for *_, why in f.differences().values()) else 1
 
 
+def _forms(saved: dict, by_id: dict[str, Test]) -> list[Form]:
+    return [Form(name, [by_id[i] for i in d["world"] if i in by_id], d["world"], d["reference"],
+                 d["world_s"], d["reference_s"], d.get("incidents", []))
+            for name, d in saved.items()]
+
+
+def _merge(parts: list[Path], out: Path, everything: list[Test]) -> int:
+    """Shard runs' results as one run's (times added: the shards ran one after another, or
+    side by side on as many machines)."""
+    joined: dict = {}
+    for part in parts:
+        for name, d in json.loads(part.read_text()).items():
+            into = joined.setdefault(name, {"world": {}, "reference": {}, "world_s": 0.0,
+                                            "reference_s": 0.0, "incidents": []})
+            for key in ("world", "reference"):
+                into[key].update(d[key])
+            for key in ("world_s", "reference_s"):
+                into[key] += d[key]
+            into["incidents"] += d.get("incidents", [])
+    forms = _forms(joined, {t.id: t for t in everything})
+    label = f"{sum(len(f.tests) for f in forms)} tests from {len(parts)} shards"
+    out.with_suffix(".json").write_text(json.dumps(joined, indent=1))
+    text = _report(forms, len(everything), label)
+    out.with_suffix(".md").write_text(text)
+    print(text)
+    return 0 if all(why for f in forms for *_, why in f.differences().values()) else 1
+
+
 def _rewrite(out: Path, everything: list[Test]) -> int:
     """The report of a saved run, judged by the intended list as it is now."""
     saved = json.loads(out.with_suffix(".json").read_text())
-    by_id = {t.id: t for t in everything}
-    forms = []
-    for name, d in saved.items():
-        f = Form(name, [by_id[i] for i in d["world"] if i in by_id], d["world"],
-                 d["reference"], d["world_s"], d["reference_s"], d.get("incidents", []))
-        forms.append(f)
+    forms = _forms(saved, {t.id: t for t in everything})
     head = out.with_suffix(".md").read_text().splitlines()[0]
     label = head.split("(", 1)[1].rstrip(")") if "(" in head else "saved run"
     out.with_suffix(".md").write_text(_report(forms, len(everything), label))
