@@ -188,6 +188,10 @@ def _abandon_in_gloo(joiner: threading.Thread) -> bool:
     of RPC's globals are set, so the next ``init_rpc`` need not wait for it."""
     import ctypes
 
+    from ..patches.torch_private import usable
+
+    if not usable("restart"):
+        return False
     frame = sys._current_frames().get(joiner.ident or -1)
     if frame is None or (frame.f_code.co_name, frame.f_code.co_filename.replace(
             os.sep, "/").endswith(_GLOO_FRAME[1])) != (_GLOO_FRAME[0], True):
