@@ -127,6 +127,11 @@ def test_workers_waiting_in_a_rendezvous_are_released_when_rank_0_fails_first(k)
                     "dist.init_process_group('gloo')\n", timeout=90)
     took, shown = time.monotonic() - t0, _shown(rep)
     assert took < 5 and "rank 0 gives up" in shown, (took, shown)
+    # the cell fails, as one whose notebook part failed should ("Run All" stops there), and
+    # the notebook's traceback is shown once
+    assert rep.status == "error", shown
+    assert "the cell failed on rank 0 (worker0)" in shown, shown
+    assert shown.count("ValueError: rank 0 gives up") <= 2, shown  # IPython's, the summary's
     # nothing is left behind: the whole world's group forms now, on every rank
     rep = k.execute("%%dist --local\nimport torch, torch.distributed as dist\n"
                     "dist.init_process_group('gloo')\nt = torch.ones(1)\ndist.all_reduce(t)\n"

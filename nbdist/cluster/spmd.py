@@ -16,7 +16,7 @@ import contextlib
 import sys
 from typing import Any
 
-from ..errors import DistTimeoutError
+from ..errors import DistCellError, DistTimeoutError, RankFailure
 from .failfast import FailFast
 
 __all__ = ["run_with_local"]
@@ -49,6 +49,7 @@ def run_with_local(cluster: Any, shell: Any, cell: str, targets: list[int],
         watch.say_why()
     elif interrupted:  # rank 0 failed first
         cluster.cells.interrupt(cluster.cells.pending(exec_id, targets))
+    here = _failed_here(cluster, outcome) if failed_here else []
     if not interrupted:
         wait = AFTER_LOCAL_FAILURE if failed_here and timeout is None else timeout
         try:
@@ -57,9 +58,9 @@ def run_with_local(cluster: Any, shell: Any, cell: str, targets: list[int],
             if failed_here:
                 print("nbdist: the workers were interrupted because the notebook's part of "
                       "the cell failed (see above)")
-                return {}
+                raise _cell_error(here) from None
             raise
-        return cluster.report(results, targets)
+        return _report(cluster, results, targets, here)
     results = cluster.collect(exec_id, targets, AFTER_INTERRUPT, partial=True)
     stuck = [r for r in targets if r not in results]
     if stuck:
@@ -67,8 +68,36 @@ def run_with_local(cluster: Any, shell: Any, cell: str, targets: list[int],
         print(f"nbdist: {names} did not stop within {AFTER_INTERRUPT:g}s of the interrupt "
               "(inside a collective?); the cell ends without waiting", file=sys.stderr)
     first = watch.first if watch is not None else None
-    return cluster.report(results, [r for r in targets if r in results and (
-        r == first or not _interrupted_by_us(results[r]))])
+    return _report(cluster, results, [r for r in targets if r in results and (
+        r == first or not _interrupted_by_us(results[r]))], here if first is None else [])
+
+
+def _failed_here(cluster: Any, outcome: Any) -> list[RankFailure]:
+    """The notebook's part as a failure of rank 0 (IPython showed its traceback already)."""
+    err = None if outcome is None else outcome.error_in_exec or outcome.error_before_exec
+    return [RankFailure(0, cluster.names[0], type(err).__name__ if err else "Error",
+                        str(err) if err else "its part of the cell failed",
+                        "(its traceback is shown above)\n")]
+
+
+def _cell_error(failures: list[RankFailure]) -> DistCellError:
+    ranks = ", ".join(f"{f.rank} ({f.name})" for f in failures)
+    plural = "s" if len(failures) > 1 else ""
+    return DistCellError(failures, f"the cell failed on rank{plural} {ranks}: ")
+
+
+def _report(cluster: Any, results: dict, targets: list[int],
+            here: list[RankFailure]) -> dict:
+    """``cluster.report``, rank 0's failure (``here``) first among the ranks that failed."""
+    try:
+        values = cluster.report(results, targets)
+    except DistCellError as exc:
+        if here:
+            raise _cell_error(here + exc.failures) from None
+        raise
+    if here:
+        raise _cell_error(here)
+    return values
 
 
 def _interrupted_by_us(result: Any) -> bool:
