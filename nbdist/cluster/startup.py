@@ -365,7 +365,11 @@ class Rank0:
             self.joiner.join(0.05)
             if self.joiner.is_alive():
                 watch.check(workers, what, cancellable=False)
-        self.joiner = None
+        if "error" not in box or "init_rpc" not in what:
+            self.joiner = None
+        # else kept: an init_rpc that failed after setting its agent (its last all-gather
+        # met a peer that died) left that agent current, and ``Session.settle_joiner`` drops
+        # it before the next init_rpc (issue 45, seed 16)
         if "error" in box:
             # torch's own waits are bounded by the same deadline, so they can end a moment
             # before this loop sees it pass: a rank that died or a deadline that passed
@@ -390,9 +394,9 @@ class Rank0:
     def leave(self) -> None:
         """Leave the world without waiting for peers; ready for the next ``init_rpc``.
 
-        After a failed start ``joiner`` may still be inside ``init_rpc``; it ends by the
-        start deadline (its rendezvous and Gloo waits are bounded by it) and the session
-        makes the next start wait for it (``Session.settle_joiner``).
+        After a failed start ``joiner`` may still be inside ``init_rpc``, or have ended
+        having set an agent; the session settles it before the next start
+        (``Session.settle_joiner``: waits, releases or abandons it, drops its agent).
         """
         # a world without RPC touched none of torch RPC's state: nothing of it to reset
         membership.leave(group=self.pg_up, rpc_agent=self.rpc_up, reset_rpc=self.spec.rpc)
