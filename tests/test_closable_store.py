@@ -52,6 +52,34 @@ def test_close_ends_a_wait_at_once(tmp_path):
     assert time.monotonic() - closed_at < 1.0  # one slice of the inner wait at most
 
 
+def test_close_ends_a_wait_whose_file_is_gone(tmp_path):
+    """A world's teardown removes its directory while rank 0's join may still wait on the
+    store: torch's FileStore then keeps reopening the missing file for its own timeout."""
+    import shutil
+
+    world = tmp_path / "world"
+    world.mkdir()
+    store = ClosableStore(dist.FileStore(str(world / "rpc-1"), 2), 60.0)
+    box: dict = {}
+
+    def waiter() -> None:
+        try:
+            store.wait(["never"])
+        except RuntimeError as exc:
+            box["error"] = exc
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    time.sleep(0.5)
+    shutil.rmtree(world)
+    time.sleep(0.5)
+    closed_at = time.monotonic()
+    store.close()
+    t.join(10)
+    assert not t.is_alive() and "closed" in str(box["error"]), box
+    assert time.monotonic() - closed_at < 3.0
+
+
 def test_a_wait_ends_at_its_timeout(tmp_path):
     store = _store(tmp_path, timeout=0.6)
     t0 = time.monotonic()

@@ -47,6 +47,10 @@ class ClosableStore(dist.Store):
     def __init__(self, inner: dist.Store, timeout: float) -> None:
         super().__init__()
         self._inner = inner
+        # every operation of ``inner`` (its file opened, a key looked for) gives up after a
+        # slice: the world directory goes at teardown, and FileStore keeps reopening a
+        # missing file for its whole timeout; the waits below are this store's own
+        inner.set_timeout(timedelta(seconds=self.SLICE))
         self._wait_s = timeout
         self.closed = False
 
