@@ -53,8 +53,6 @@ class Session:
         self.exec_ids = itertools.count(1)  # cells and flush tokens, unique per process
         self.epochs = itertools.count(1)  # one per world: keeps RRef ids of worlds apart
         self.joiner: threading.Thread | None = None  # rank 0's init_rpc of a failed start
-        # such threads left inside Gloo's connect to a gone world (``_abandon_in_gloo``)
-        self.abandoned: list[threading.Thread] = []
         self.agents: dict[tuple, HostAgent] = {}  # join agents on other hosts, kept warm
         self.agent_key = os.urandom(32)  # the secret agents prove (reaches them on stdin)
         self.warned_data_plane = False
@@ -74,8 +72,7 @@ class Session:
             return
         while joiner.is_alive() and time.monotonic() < deadline:
             rpc_hooks.release_gathers()  # it may have reached init_rpc's last gather since
-            if _abandon_in_gloo(joiner):
-                self.abandoned.append(joiner)
+            if _abandon_in_gloo(joiner):  # a daemon thread: it ends when Gloo gives up
                 return
             joiner.join(min(0.1, max(deadline - time.monotonic(), 0)))
         if joiner.is_alive():

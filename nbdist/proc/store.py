@@ -352,4 +352,3 @@ def use(store: dist.Store) -> None:
 def rendezvous_url(purpose: str) -> str:
     """The init_method for ``purpose`` (``rpc`` or ``pg``) in a host world."""
     return f"{SCHEME}://{purpose}"
-
