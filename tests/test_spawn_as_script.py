@@ -67,13 +67,24 @@ def lines(text: str) -> list[str]:
 def as_script(tmp_path, fn: str, nprocs: int) -> list[str]:
     """What the program prints run as a script under torch's own ``mp.spawn``."""
     path = tmp_path / f"{fn}_script.py"
-    path.write_text(PROGRAM.replace("PORT", str(free_port()))
-                    + f"\nif __name__ == '__main__':\n    mp.spawn({fn}, args=({nprocs},), "
-                      f"nprocs={nprocs})\n")
+    path.write_text(PROGRAM.replace("PORT", str(free_port())) + SCRIPT_MAIN.format(
+        fn=fn, nprocs=nprocs))
     done = subprocess.run([sys.executable, str(path)], capture_output=True, text=True,
                           timeout=240, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
-    return lines(done.stdout)
+    return lines("".join((tmp_path / f"stdout{rank}.txt").read_text() for rank in range(nprocs)))
+
+
+# each process's fd 1 goes to a file of its own: torch <= 2.10's Gloo writes its connection line
+# in pieces, which processes sharing one pipe interleave past telling apart
+SCRIPT_MAIN = """
+def own_stdout(rank, fn, *args):
+    os.dup2(os.open(f"stdout{{rank}}.txt", os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 1)
+    fn(rank, *args)
+
+if __name__ == '__main__':
+    mp.spawn(own_stdout, args=({fn}, {nprocs}), nprocs={nprocs})
+"""
 
 
 PORT = free_port()  # the kernel's
