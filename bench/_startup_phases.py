@@ -1,7 +1,7 @@
 """Bench-only instrumentation: where ``nbdist.start`` and ``Cluster.restart`` spend their time.
 
 ``install()`` wraps a few methods of ``nbdist.cluster.core.Cluster`` and
-``nbdist.proc.launch.Template`` (nothing in ``nbdist`` is edited) so that each call appends
+``nbdist.hosts.launch.Template`` (nothing in ``nbdist`` is edited) so that each call appends
 ``(phase, begin, end)`` in ``time.perf_counter`` seconds to ``EVENTS``.
 ``breakdown(since)`` turns the events recorded after ``since`` into seconds per phase, in the
 order the phases happen:
@@ -39,7 +39,7 @@ _WRAPPED = {
     ("cluster.core", "Cluster", "stop"): "stop",
     ("cluster.startup", "Rank0", "leave"): "stop_rpc",
     ("cluster.core", "Cluster", "_start"): "start",
-    ("proc.launch", "Template", "spawn"): "fork",
+    ("hosts.launch", "Template", "spawn"): "fork",
     ("cluster.startup", "StartWatch", "accept_all"): "connect",
     ("cluster.startup", "Rank0", "join"): "init_rpc",
     ("cluster.startup", "StartWatch", "wait_ready"): "ready",

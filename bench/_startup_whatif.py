@@ -57,8 +57,8 @@ def _eager_quiet_warnings() -> None:
 def _apply_notebook(variant: str) -> None:
     import subprocess as _sp
 
+    from nbdist.hosts import launch
     from nbdist.patches import quiet
-    from nbdist.proc import launch
 
     os.environ[ENV] = variant
     if variant.startswith("optim-"):

@@ -34,7 +34,7 @@ import torch
 import torch.distributed.rpc as rpc
 
 import nbdist
-from nbdist.cluster.router import Router
+from nbdist.output.router import Router
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common  # noqa: E402

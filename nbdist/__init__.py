@@ -13,7 +13,6 @@ from . import linux  # noqa: F401  first: on another platform, one line instead 
 # isort: split
 from . import errors as _errors
 from .cluster import Cluster, current, release_hosts, start, stop
-from .cluster.router import in_jupyter as _in_jupyter
 from .errors import (
     CellInterrupted as CellInterrupted,
     ClusterStateError as ClusterStateError,
@@ -26,6 +25,7 @@ from .errors import (
     StartError as StartError,
     WorkerDiedError as WorkerDiedError,
 )
+from .output.router import in_jupyter as _in_jupyter
 from .patches import (
     on_import as _on_import,
     process_group as _process_group,

@@ -1,7 +1,7 @@
 """``python -m nbdist.join``: the agent a launcher starts on another host (see
-``nbdist.proc.agent``); it reads its instructions from stdin."""
+``nbdist.hosts.join_agent``); it reads its instructions from stdin."""
 
-from .proc.agent import main
+from .hosts.join_agent import main
 
 __all__ = ["main"]
 

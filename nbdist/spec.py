@@ -283,7 +283,7 @@ def parse_hosts(spec: Any,
     """``"a:4,b:4"``, ``{"a": 4}``, ``[("a", 4)]``, or None -> ``(("a", 4), ...)`` in the order
     given; a host without ``:K`` gets one rank. ``enclosing(name)`` may turn a lone ``NAME`` or
     ``NAME:K`` into the hosts of the scheduler allocation this process runs in and their default
-    ranks each (``proc.slurm.enclosing_hosts``: ``--hosts slurm``); None: a host's name."""
+    ranks each (``hosts.scheduler.enclosing_hosts``: ``--hosts slurm``); None: a host's name."""
     if spec is None or spec == "" or spec == ():
         return ()
     if isinstance(spec, str):

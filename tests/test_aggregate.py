@@ -1,4 +1,4 @@
-"""The merging rule for equal lines of many ranks (``cluster.aggregate``), pure: times are
+"""The merging rule for equal lines of many ranks (``output.aggregate``), pure: times are
 passed in, nothing is started; and the router's use of it, with its writes captured."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from nbdist.cluster.aggregate import Aggregator, rank_set
-from nbdist.cluster.router import Router
+from nbdist.output.aggregate import Aggregator, rank_set
+from nbdist.output.router import Router
 
 W = 0.1
 ALL = frozenset(range(1, 13))

@@ -40,9 +40,9 @@ def test_every_public_module_declares_all():
 
 def test_template_and_host_agent_are_launchers():
     """The world forks through either one behind ``launch.Launcher`` (launch, poll, kill, close)."""
-    from nbdist.proc import netif
-    from nbdist.proc.hosts import HostAgent
-    from nbdist.proc.launch import Launcher, Template
+    from nbdist.hosts import netif
+    from nbdist.hosts.host_agents import HostAgent
+    from nbdist.hosts.launch import Launcher, Template
 
     assert isinstance(Template("/nonexistent"), Launcher)
     agent = HostAgent("node1", "ssh", "python3", netif.resolve("lo"))

@@ -122,7 +122,7 @@ def test_pythonbreakpoint_0_disables_breakpoints(world):
 def test_a_slow_first_answer_at_a_breakpoint_is_still_served(kernel):
     """The user takes longer than the worker's attend window (ATTEND_WAIT) to type at the first
     prompt: the notebook told the worker it attends, so the breakpoint is not skipped."""
-    from nbdist.proc.debugger import ATTEND_WAIT
+    from nbdist.debugging.remote_pdb import ATTEND_WAIT
 
     def slow(n: int) -> bool:
         if n == 1:

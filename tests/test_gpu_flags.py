@@ -107,7 +107,7 @@ for name in ("_lazy_init", "init", "is_available", "device_count", "current_devi
     setattr(torch.cuda, name, trap(name, getattr(torch.cuda, name)))
 from nbdist.proc import template
 template.preload()
-import nbdist.join, nbdist.proc.agent  # the join agents' import path
+import nbdist.join, nbdist.hosts.join_agent  # the join agents' import path
 assert not calls, f"the template's preload called torch.cuda: {calls}"
 assert not torch.cuda.is_initialized()
 print("ok", torch.cuda.is_available())

@@ -9,8 +9,8 @@ import textwrap
 
 import pytest
 
-from nbdist.proc.hosts import launcher_argv
-from nbdist.proc.slurm import enclosing_hosts
+from nbdist.hosts.host_agents import launcher_argv
+from nbdist.hosts.slurm import enclosing_hosts
 from nbdist.spec import WorldSpec, parse_hosts
 
 

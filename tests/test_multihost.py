@@ -21,9 +21,9 @@ from conftest import child_pids, listening, wait_until
 from fakehosts import FakeHosts, can_make_namespaces
 
 import nbdist
+from nbdist.control.channel import HandshakeError, connect
 from nbdist.errors import StartError, WorkerDiedError
-from nbdist.proc.channel import HandshakeError, connect
-from nbdist.proc.hosts import AGENT_SILENCE
+from nbdist.hosts.host_agents import AGENT_SILENCE
 
 WHY = can_make_namespaces()
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(WHY is not None, reason=f"fake hosts: {WHY}")]
@@ -448,7 +448,7 @@ def test_an_impostor_at_the_join_listener_is_dropped_and_the_start_goes_on(own, 
     impostor = tmp_path / "impostor.py"
     impostor.write_text(textwrap.dedent(f"""
         import json, sys
-        from nbdist.proc.channel import HandshakeError, connect
+        from nbdist.control.channel import HandshakeError, connect
         request = json.loads(sys.argv[1])
         try:
             connect(tuple(request["address"]), b"guessed" * 5, timeout=10)

@@ -15,7 +15,7 @@ from conftest import wait_until
 from fakehosts import FakeHosts, can_make_namespaces
 
 import nbdist
-from nbdist.cluster.router import Router
+from nbdist.output.router import Router
 
 WHY = can_make_namespaces()
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(WHY is not None, reason=f"fake hosts: {WHY}")]

@@ -46,7 +46,7 @@ def test_output_arrives_before_rpc_returns(ipython, capsys, monkeypatch):
     statement sees it, with no wait, even where showing a line is slow (a busy front end:
     here each line of the function takes 0.2 s to write, well within the 0.5 s rpc_sync
     waits for the receiver to catch up)."""
-    from nbdist.cluster.router import Router
+    from nbdist.output.router import Router
 
     real = Router.write
 

@@ -13,7 +13,7 @@ import pytest
 import torch.distributed.rpc as rpc
 
 import nbdist
-from nbdist.cluster.router import AGGREGATE_WINDOW, Router
+from nbdist.output.router import AGGREGATE_WINDOW, Router
 from nbdist.spec import WorldSpec
 
 pytestmark = pytest.mark.slow

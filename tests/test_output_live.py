@@ -263,7 +263,7 @@ def test_nbconvert_keeps_one_output_per_rank_with_the_final_state(tmp_path):
 
 
 def test_in_a_terminal_live_lines_share_one_carriage_return_line(capsys):
-    from nbdist.cluster.router import Router
+    from nbdist.output.router import Router
 
     router = Router()
     assert not router.jupyter  # pytest is no Jupyter kernel

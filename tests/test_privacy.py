@@ -30,7 +30,7 @@ def test_only_loopback_listeners_and_private_files(world):
 
 
 def test_the_control_socket_is_private_while_it_listens(tmp_path):
-    from nbdist.proc.channel import Listener
+    from nbdist.control.channel import Listener
 
     listener = Listener(str(tmp_path / "ctl"), os.urandom(32))
     try:
@@ -43,7 +43,7 @@ def test_control_socket_is_gone_once_every_rank_is_in(world):
     """After start-up nothing listens for control connections: a process without the key
     (or with it) cannot even connect; strays during start-up are refused at the handshake
     (tests/test_protocol.py). The world keeps working."""
-    from nbdist.proc.channel import connect
+    from nbdist.control.channel import connect
 
     c = world(1)
     path = c._world.listener.path

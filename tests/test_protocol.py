@@ -14,10 +14,9 @@ import time
 
 import pytest
 
-from nbdist.errors import WorkerDiedError
-from nbdist.proc import protocol
-from nbdist.proc.channel import Channel, HandshakeError, Listener, connect
-from nbdist.proc.protocol import (
+from nbdist.control import protocol
+from nbdist.control.channel import Channel, HandshakeError, Listener, connect
+from nbdist.control.protocol import (
     HEADER,
     MAX_FRAME,
     FramingError,
@@ -27,6 +26,7 @@ from nbdist.proc.protocol import (
     decode,
     encode,
 )
+from nbdist.errors import WorkerDiedError
 
 SAMPLES = [
     protocol.Hello(1, 42), protocol.Ready(1, 42), protocol.Failed(2, "tb"),
@@ -96,7 +96,7 @@ def test_impossible_length_is_a_framing_error():
 
 
 def test_a_frame_cut_short_is_not_waited_for_forever(monkeypatch):
-    from nbdist.proc import channel as channel_mod
+    from nbdist.control import channel as channel_mod
 
     monkeypatch.setattr(channel_mod, "FRAME_DEADLINE", 0.5)
     chan, raw = _pair()
@@ -187,7 +187,8 @@ def test_a_worker_will_not_talk_to_a_notebook_without_the_key(tmp_path):
 
 
 INJECT = """
-from nbdist.proc import worker, protocol
+from nbdist.proc import worker
+from nbdist.control import protocol
 import pickle
 chan = worker.current_channel()
 for payload in PAYLOADS:
@@ -217,8 +218,9 @@ def test_world_survives_bad_frames_from_an_authenticated_worker(world):
 
 def test_out_of_step_stream_closes_only_that_rank(world):
     c = world(2)
-    code = ("from nbdist.proc import worker, protocol\nchan = worker.current_channel()\n"
-            "chan.drain(5)\nchan.sock.sendall(protocol.HEADER.pack(protocol.MAX_FRAME + 1))\n"
+    code = ("from nbdist.proc import worker\nfrom nbdist.control import protocol\n"
+            "chan = worker.current_channel()\nchan.drain(5)\n"
+            "chan.sock.sendall(protocol.HEADER.pack(protocol.MAX_FRAME + 1))\n"
             "import time; time.sleep(5)")
     exec_id = c.send_cell(code, [2])
     with pytest.raises(WorkerDiedError):

@@ -9,10 +9,11 @@ import os
 import pytest
 
 from nbdist.cluster.startup import worker_config
+from nbdist.control import protocol
 from nbdist.groups import torchrun_env
-from nbdist.proc import agent, protocol
+from nbdist.hosts import join_agent as agent
+from nbdist.hosts.scheduler import NodeShare
 from nbdist.proc.rank_config import STARTED_WITH, RankConfig, world_group
-from nbdist.proc.scheduler import NodeShare
 from nbdist.spec import WorldSpec
 
 

@@ -20,13 +20,8 @@ from pathlib import Path
 import pytest
 from kernel_helpers import kernel_with_world
 
-from nbdist.cluster.rich_output import RichOutput
-from nbdist.proc.protocol import (
-    DisplayChunk,
-    DisplayData,
-    ProtocolError,
-    encode,
-)
+from nbdist.control.protocol import DisplayChunk, DisplayData, ProtocolError, encode
+from nbdist.output.rich_output import RichOutput
 
 START = "%load_ext nbdist\n%dist_start 2\nimport nbdist"
 PNG = b"\x89PNG\r\n\x1a\n"

@@ -13,9 +13,9 @@ import base64
 import pytest
 from conftest import WORLD_KINDS
 
-from nbdist.cluster.rich_output import render_grid
+from nbdist.control.protocol import ClearOutput, DisplayData, decode, encode
 from nbdist.errors import DistCellError
-from nbdist.proc.protocol import ClearOutput, DisplayData, decode, encode
+from nbdist.output.rich_output import render_grid
 
 START = "%load_ext nbdist\n%dist_start 2"
 RANK = "import os\nr = int(os.environ['NBDIST_RANK'])\n"

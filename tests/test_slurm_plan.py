@@ -5,8 +5,8 @@ states and their words, and GPU plans that span nodes."""
 from __future__ import annotations
 
 from nbdist import devices
-from nbdist.proc.scheduler import JobState, NodeShare
-from nbdist.proc.slurm import describe_end, parse_duration, parse_job
+from nbdist.hosts.scheduler import JobState, NodeShare
+from nbdist.hosts.slurm import describe_end, parse_duration, parse_job
 
 # scontrol show job -d -o 12 on the test bed (2 nodes, --ntasks-per-node=2, 2 fake GPUs each)
 RUNNING = ("JobId=12 JobName=nbdist UserId=root(0) JobState=RUNNING Reason=None "

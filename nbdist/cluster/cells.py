@@ -7,6 +7,10 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
+from ..comms.relay import CommRelay
+from ..control.channel import Channel
+from ..control.protocol import Exec, Flush, Interrupt, Message, Result
+from ..debugging.prompts import DebugDesk
 from ..errors import (
     CellInterrupted,
     DistCellError,
@@ -14,14 +18,10 @@ from ..errors import (
     RankFailure,
     WorkerDiedError,
 )
-from ..proc.channel import Channel
-from ..proc.protocol import Exec, Flush, Interrupt, Message, Result
-from .comms import CommRelay
-from .debug import DebugDesk
+from ..output.rich_output import RichOutput
+from ..output.router import Router, StatusLine
 from .hints import where_defined
-from .ranks import RankInfo
-from .rich_output import RichOutput
-from .router import Router, StatusLine
+from .rank_table import RankInfo
 
 __all__ = ["Cells"]
 

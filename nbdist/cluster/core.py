@@ -18,18 +18,18 @@ from contextlib import AbstractContextManager
 from dataclasses import replace
 from typing import Any, ClassVar
 
+from ..control.protocol import Debug
 from ..errors import ClusterStateError, DistTimeoutError, StartError, WorkerDiedError
+from ..hosts import allocation
+from ..hosts.scheduler import enclosing_hosts
+from ..output.receiver import Receiver
+from ..output.router import Router
 from ..patches import rpc_hooks
-from ..proc.protocol import Debug
-from ..proc.slurm import enclosing_hosts
 from ..spec import WorldSpec, parse_hosts, parse_ranks
 from ..telemetry import events
-from . import allocation
 from .cells import Cells
 from .heal import Healer
-from .ranks import ClusterState, RankInfo
-from .receiver import Receiver
-from .router import Router
+from .rank_table import ClusterState, RankInfo
 from .session import SESSION
 from .startup import Cancelled
 from .status import HostTable, StatusTable, collect_status, host_status, remote_samples

@@ -26,11 +26,11 @@ from typing import Any
 
 from ..envflag import switched_on
 from ..errors import StartError
-from ..proc.hosts import HostAgent
-from ..proc.launch import Template
-from ..proc.netif import Interface
+from ..hosts.host_agents import HostAgent
+from ..hosts.launch import Template
+from ..hosts.netif import Interface
+from ..hosts.scheduler import Allocation
 from ..proc.runtime import runtime_dir
-from ..proc.scheduler import Allocation
 from ..spec import WorldSpec
 from .warmup import Warmup
 

@@ -17,22 +17,22 @@ from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
+from ..control.channel import HandshakeError, Listener
+from ..control.protocol import Hello, ProtocolError
 from ..devices import Setup
 from ..errors import DistTimeoutError, StartError, WorkerDiedError
 from ..groups import torchrun_env
+from ..hosts.launch import describe_exit
+from ..hosts.netif import Interface
+from ..output.router import Router, StatusLine
 from ..patches import quiet, rpc_hooks, rref_reset, tp_address
 from ..patches.torch_private import report_once, usable
 from ..proc import membership
-from ..proc.channel import HandshakeError, Listener
-from ..proc.launch import describe_exit
-from ..proc.netif import Interface
-from ..proc.protocol import Hello, ProtocolError
 from ..proc.rank_config import RankConfig
 from ..shm import transport as shm
 from ..spec import WorldSpec
 from ..telemetry import tracing
-from .ranks import RankInfo
-from .router import Router, StatusLine
+from .rank_table import RankInfo
 
 __all__ = ["ARRIVED", "Cancelled", "Rank0", "StartWatch", "arrival_file", "torch_iface",
            "user_group_file", "worker_config"]
@@ -62,7 +62,7 @@ def worker_config(spec: WorldSpec, names: list[str], rank: int, world_dir: str,
 
     In a world with hosts (``store`` given) the rendezvous goes through the notebook's store
     and torch's sockets use ``ifname``; a rank on another host gets ``env_extra`` instead of
-    the notebook's environment, and its agent completes the config (``proc.agent``).
+    the notebook's environment, and its agent completes the config (``hosts.join_agent``).
     """
     host = spec.placement()[rank]
     launch_env = {**torchrun_env.variables(rank, spec.placement()), **(master or {})}

@@ -234,7 +234,7 @@ class HostTable:
 
 
 def host_status(cluster: Any, agents: dict[str, Any], note: str = "") -> HostTable:
-    """One row per host in ``cluster``'s spec, from its agent (``proc.hosts.HostAgent``);
+    """One row per host in ``cluster``'s spec, from its agent (``hosts.host_agents.HostAgent``);
     ``note`` goes above the table."""
     rows = []
     for host, _ in cluster.spec.hosts:

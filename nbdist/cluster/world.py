@@ -23,24 +23,24 @@ from dataclasses import replace
 from typing import Any
 
 from .. import devices
+from ..control.channel import Listener
+from ..control.protocol import Rejoin, Stop
 from ..errors import DistTimeoutError, StartError, WorkerDiedError
 from ..groups import graveyard, torchrun_env
+from ..hosts import allocation, netif
+from ..hosts.host_agents import HostAgent, launcher_argv, start_agents
+from ..hosts.launch import Launcher
+from ..output.receiver import Receiver
+from ..output.router import Router
 from ..patches import no_rpc, rpc_hooks
-from ..proc import cuda, nccl, netif
-from ..proc.channel import Listener
-from ..proc.hosts import HostAgent, launcher_argv, start_agents
-from ..proc.launch import Launcher
-from ..proc.protocol import Rejoin, Stop
+from ..proc import cuda, nccl
 from ..proc.rank_config import RankConfig, world_group
 from ..proc.runtime import pid_alive
 from ..spec import WorldSpec
 from ..telemetry import records, tracing
-from . import allocation
 from .cells import Cells
 from .followup import FollowUps
-from .ranks import ClusterState, RankInfo
-from .receiver import Receiver
-from .router import Router
+from .rank_table import ClusterState, RankInfo
 from .session import SESSION
 from .shield import held_interrupts
 from .startup import Cancelled, Rank0, StartWatch, worker_config

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from ..cluster.router import Router, in_jupyter
+from ..output.router import Router, in_jupyter
 from .panes import RankText, render_pane, tab_title
 
 __all__ = ["EVERY", "RankTabs", "rank_tabs"]

@@ -14,7 +14,8 @@ from __future__ import annotations
 from . import autograd
 from .autoinit import auto_init_rpc
 from .clone import module_clone
-from .errors import BarrierError, PartitionError, PartitionFailure
+from .failures import BarrierError, PartitionError, PartitionFailure
+from .on_ranks import not_on_rank, on_rank, rank_all, rank_non_zero_only, rank_zero_only
 from .parallelize import parallelize, parallelize_async, parallelize_sync
 from .partition import (
     Partition,
@@ -23,11 +24,10 @@ from .partition import (
     dim_partitioner,
     exclusive_batch_partitioner,
 )
-from .ranks import not_on_rank, on_rank, rank_all, rank_non_zero_only, rank_zero_only
 from .reduce import PartitionResults, mean_reducer, sum_reducer
 from .remote import UNSET_RPC_TIMEOUT, remote_async_call, remote_sync_call
 from .sync import barrier
-from .world import (
+from .whoami import (
     WorldInfo,
     get_local_rank,
     get_local_world_size,

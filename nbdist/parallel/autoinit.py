@@ -28,7 +28,7 @@ from ..patches import no_rpc
 from .partition import Partition
 from .remote import remote_async_call
 from .sync import barrier
-from .world import (
+from .whoami import (
     default_worker_name_format,
     get_world_info,
     get_world_rank,

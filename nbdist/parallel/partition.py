@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .trees import leaves, tree_map
-from .world import get_worker_id, get_world_rank, get_world_size
+from .whoami import get_worker_id, get_world_rank, get_world_size
 
 __all__ = [
     "Partition",

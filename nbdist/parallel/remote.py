@@ -17,10 +17,10 @@ from typing import Any
 import cloudpickle
 
 from ..patches import no_rpc
-from .errors import PartitionError, PartitionFailure
+from .failures import PartitionError, PartitionFailure
 from .partition import Partition, Partitioner, batch_partitioner
 from .reduce import PartitionResults
-from .world import get_worker_id, get_world_info, worker_names
+from .whoami import get_worker_id, get_world_info, worker_names
 
 __all__ = ["RemoteCall", "RemoteFailure", "UNSET_RPC_TIMEOUT", "remote_async_call",
            "remote_sync_call"]

@@ -16,9 +16,9 @@ from typing import Any
 
 from .. import world_state
 from ..patches import no_rpc
-from . import world as _world
-from .errors import BarrierError
-from .world import get_worker_id, get_world_info, rpc_live
+from . import whoami as _world
+from .failures import BarrierError
+from .whoami import get_worker_id, get_world_info, rpc_live
 
 __all__ = ["barrier"]
 

@@ -1,4 +1,4 @@
-"""Processes and the control plane: the protocol, the channel, the warm template, workers,
-output forwarding and the runtime directory. Knows nothing of clusters or displays."""
+"""A rank's process: the warm template, the worker, its shell, its config, joining and leaving
+a world, the runtime directory and the rendezvous store. Knows nothing of clusters or displays."""
 
 __all__: list[str] = []

@@ -14,7 +14,7 @@ from ..spec import WorldSpec
 __all__ = ["STARTED_WITH", "RankConfig", "world_group"]
 
 #: What a kept rank keeps from the config it started with when it rejoins a new world: the
-#: process's own setup, as its host adapted it (``proc.agent``); the rest is the new world's.
+#: process's own setup, as its host adapted it (``hosts.join_agent``); the rest is the new world's.
 STARTED_WITH = ("rank", "cwd", "env", "env_extra", "path", "threads", "host", "host_ranks",
                 "cpu_share", "rpc_threads", "affinity")
 

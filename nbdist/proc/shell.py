@@ -26,10 +26,10 @@ import types
 from collections.abc import Callable
 from typing import Any
 
+from ..control.protocol import ClearOutput, DisplayChunk, DisplayData, Message, Result, encode
 from ..errors import safe_str
 from ..table import human_bytes
 from ..tracebacks import own_file
-from .protocol import ClearOutput, DisplayChunk, DisplayData, Message, Result, encode
 
 __all__ = ["LIMIT", "MPL_INLINE", "bind", "main_module", "preload", "run_cell"]
 
@@ -403,7 +403,7 @@ def _publish(data: dict, metadata: dict | None, display_id: str | None, update: 
 def _relayed_widget(view: Any) -> bool:
     """Whether a widget view's model is a comm the notebook relays (``comms``): then the
     view shows there as a live widget."""
-    from . import comms
+    from ..comms import channel_comm as comms
 
     return isinstance(view, dict) and comms.relayed(str(view.get("model_id")))
 

@@ -19,9 +19,9 @@ from urllib.parse import parse_qs, urlparse
 
 import torch.distributed as dist
 
+from ..control.channel import Address, Channel, HandshakeError, Listener, connect
+from ..control.protocol import ProtocolError, StoreOp, StoreReply
 from ..errors import DistTimeoutError
-from .channel import Address, Channel, HandshakeError, Listener, connect
-from .protocol import ProtocolError, StoreOp, StoreReply
 
 __all__ = ["ClosableStore", "MemoryStore", "RemoteStore", "StoreServer", "rendezvous_url", "use"]
 

@@ -17,9 +17,8 @@ import sys
 import time
 from collections.abc import Callable
 
-from .channel import Channel
-from .procstat import Sampler
-from .protocol import (
+from ..control.channel import Channel
+from ..control.protocol import (
     Exit,
     Exited,
     Heartbeat,
@@ -29,6 +28,7 @@ from .protocol import (
     Spawned,
     TemplateReady,
 )
+from .procstat import Sampler
 from .rank_config import RankConfig
 
 __all__ = ["main", "preload", "serve"]
@@ -161,7 +161,7 @@ def _fork_worker(chan: Channel, config: RankConfig) -> int:
         return pid
     try:
         chan.sock.close()
-        if config.affinity:  # its share of the host's CPUs (proc.agent)
+        if config.affinity:  # its share of the host's CPUs (hosts.join_agent)
             os.sched_setaffinity(0, config.affinity)
         from .worker import run_forked
 

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 
 from ..errors import DistTimeoutError, StartError
-from .scheduler import JobState, NodeShare
+from .scheduler_api import JobState, NodeShare
 
 __all__ = ["COMMANDS", "NEVER", "STEP_LAUNCHER", "SlurmJob", "describe_end", "enclosing_hosts",
            "parse_duration", "parse_job"]

@@ -18,8 +18,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from ..proc.protocol import ClearOutput, DisplayChunk, DisplayData, ProtocolError, decode
-from .ranks import RankInfo
+from ..cluster.rank_table import RankInfo
+from ..control.protocol import ClearOutput, DisplayChunk, DisplayData, ProtocolError, decode
 from .router import Router, in_jupyter
 
 __all__ = ["RichOutput", "render_grid"]

@@ -15,9 +15,9 @@ import threading
 import time
 from collections.abc import Callable
 
-from ..proc.debugger import ATTENDING
-from ..proc.protocol import DebugEnd, DebugInput, DebugPrompt
-from .ranks import RankInfo
+from ..cluster.rank_table import RankInfo
+from ..control.protocol import DebugEnd, DebugInput, DebugPrompt
+from .remote_pdb import ATTENDING
 
 __all__ = ["DebugDesk"]
 

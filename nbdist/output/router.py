@@ -7,7 +7,7 @@ in place at most every ``LIVE_EVERY`` seconds; other unfinished lines go out aft
 ``PARTIAL_WAIT`` seconds of silence. Each rank's tail (``TAIL_LINES``) stays in memory and its full
 log in the world's runtime directory (``logs``); a rank past ``limit_lines`` or ``limit_bytes`` in
 one cell stops echoing and says once where the rest is (``%dist_logs``). With ``aggregate``, a line
-several ranks print at once shows once, led by the rank set (``cluster.aggregate``), except from a
+several ranks print at once shows once, led by the rank set (``output.aggregate``), except from a
 rank printing over ``FLOOD_RATE`` lines a second. Within ``viewing(view)``, the ranks
 ``view.takes`` go to ``view`` (``%%dist --tabs``) instead of the flat stream.
 """

@@ -11,7 +11,7 @@ import functools
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from .world import get_worker_id, get_world_rank
+from .whoami import get_worker_id, get_world_rank
 
 __all__ = ["not_on_rank", "on_rank", "rank_all", "rank_non_zero_only", "rank_zero_only"]
 

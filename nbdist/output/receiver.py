@@ -12,7 +12,9 @@ import select
 import threading
 import time
 
-from ..proc.protocol import (
+from ..cluster.cells import Cells
+from ..cluster.rank_table import RankInfo
+from ..control.protocol import (
     ClearOutput,
     CommClose,
     CommMsg,
@@ -31,10 +33,8 @@ from ..proc.protocol import (
     Ready,
     Result,
 )
+from ..debugging.prompts import DebugDesk
 from ..telemetry import records, timing, tracing  # noqa: F401 - their internal-record handlers
-from .cells import Cells
-from .debug import DebugDesk
-from .ranks import RankInfo
 from .rich_output import RichOutput
 from .router import Router
 

@@ -5,7 +5,7 @@ any thread (flushed every 30 ms, at once when large, and before a cell's result 
 ``capture_fds`` catches what bypasses Python (C++ logs, subprocesses) at the file descriptor,
 less the torch noise ``patches.quiet`` drops from the notebook's own fd 2.
 
-The notebook side (lines led by the rank's name, live lines, logs) is ``cluster.router``.
+The notebook side (lines led by the rank's name, live lines, logs) is ``output.router``.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import time
 import weakref
 from typing import Any
 
+from ..control.protocol import Output
 from ..patches import quiet
-from .protocol import Output
 
 __all__ = ["ChannelStream", "capture_fds"]
 

@@ -19,12 +19,12 @@ import signal
 import socket
 import sys
 
+from ..control.channel import connect
+from ..control.protocol import AgentReady
+from ..proc.rank_config import RankConfig
+from ..proc.template import preload, serve
 from . import netif
-from .channel import connect
-from .hosts import AGENT_SILENCE, HEARTBEAT
-from .protocol import AgentReady
-from .rank_config import RankConfig
-from .template import preload, serve
+from .host_agents import AGENT_SILENCE, HEARTBEAT
 
 __all__ = ["main"]
 _STDIN_WAIT = 60.0

@@ -8,7 +8,8 @@ of its nodes without holding the node's CPUs or GPUs, ``state`` and ``time_left`
 life, and ``release`` gives it back (and nothing of it stays queued). A scheduler lives in one
 module that implements this interface and also answers for the allocation the notebook already
 runs in (``enclosing_hosts``: ``--hosts slurm``; ``STEP_LAUNCHER``: ``--launcher srun``).
-``proc.slurm`` is the one so far; the cluster layer sees only this interface and those two.
+``hosts.slurm`` is the one so far; the rest of nbdist reaches it only through
+``hosts.scheduler``.
 """
 
 from __future__ import annotations

@@ -17,12 +17,11 @@ import threading
 import time
 from dataclasses import replace
 
-from ..proc import netif
-from ..proc.scheduler import Allocation, JobState, NodeShare
-from ..proc.slurm import SlurmJob, describe_end
+from ..cluster.session import SESSION
+from ..output.router import Router, StatusLine
 from ..spec import WorldSpec
-from .router import Router, StatusLine
-from .session import SESSION
+from . import netif
+from .scheduler import Allocation, JobState, NodeShare, describe_end, new_allocation
 
 __all__ = ["WARN_ENV", "Follower", "describe", "ended", "provide", "rank_shares", "release",
            "remote_devices", "shares"]
@@ -52,7 +51,7 @@ def provide(spec: WorldSpec, quiet: bool = False) -> WorldSpec:
             print(f"nbdist: SLURM job {job.job_id} ended: {describe_end(state)}; asking for "
                   "a new allocation with the same options")
     release()
-    job = SlurmJob(spec.slurm)
+    job = new_allocation(spec.slurm)
     SESSION.allocation = job
     status = StatusLine()
     try:

@@ -1,7 +1,7 @@
 """Workers' widgets in the notebook: their comms relayed to the notebook's frontend.
 
-For a worker's ``CommOpen`` (``proc.comms``), ``CommRelay`` opens a real comm in the notebook
-kernel under the same id, so the frontend makes a real widget model; updates go on to the
+For a worker's ``CommOpen`` (``comms.channel_comm``), ``CommRelay`` opens a real comm in the
+notebook kernel under the same id, so the frontend makes a real widget model; updates go on to the
 frontend, the frontend's messages go back to the rank that owns the comm, closes go both ways.
 Each relayed widget is entered in ipywidgets' registry as a ``WidgetMirror`` so a reloaded page
 gets it back. Outside a Jupyter kernel comm messages are dropped. README, Module notes.
@@ -13,8 +13,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from ..proc.protocol import CommClose, CommMsg, CommOpen, Message
-from .router import in_jupyter
+from ..control.protocol import CommClose, CommMsg, CommOpen, Message
+from ..output.router import in_jupyter
 
 __all__ = ["CommRelay", "WidgetMirror"]
 

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from types import FrameType, TracebackType
 from typing import Any
 
-from .protocol import DebugEnd, DebugPrompt, Message
+from ..control.protocol import DebugEnd, DebugPrompt, Message
 
 __all__ = ["ATTENDING", "Debugger", "RemotePdb"]
 

@@ -2,7 +2,7 @@
 
 A worker has no kernel, so ``install`` replaces ``comm.create_comm`` (the ``comm`` package's
 seam) with ``ChannelComm``, whose open, msg and close become ``CommOpen``/``CommMsg``/
-``CommClose`` messages; the notebook opens real comms under the same ids (``cluster.comms``).
+``CommClose`` messages; the notebook opens real comms under the same ids (``comms.relay``).
 Frontend messages come back to ``deliver``, which runs the widget's handler on a thread of its
 own (the reader stays free for Ctrl-C). Contract: comm messages are never dropped; a closed
 channel drops them silently, as a kernel without a frontend does.
@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from .protocol import CommClose, CommMsg, CommOpen, Message
+from ..control.protocol import CommClose, CommMsg, CommOpen, Message
 
 __all__ = ["ChannelComm", "deliver", "install", "relayed"]
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from ..control.channel import Channel
 from ..errors import ClusterStateError
-from ..proc.channel import Channel
-from ..proc.launch import describe_exit
+from ..hosts.launch import describe_exit
 
 __all__ = ["ClusterState", "RankInfo"]
 

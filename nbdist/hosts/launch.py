@@ -19,10 +19,19 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Protocol, runtime_checkable
 
+from ..control.channel import Channel
+from ..control.protocol import (
+    Exit,
+    Exited,
+    Kill,
+    Message,
+    ProtocolError,
+    Spawn,
+    Spawned,
+    TemplateReady,
+)
 from ..errors import DistTimeoutError, StartError
-from .channel import Channel
-from .protocol import Exit, Exited, Kill, Message, ProtocolError, Spawn, Spawned, TemplateReady
-from .rank_config import RankConfig
+from ..proc.rank_config import RankConfig
 
 __all__ = ["IMPORT_TIME_ENV", "ForkClient", "Launcher", "Template", "describe_exit",
            "import_time_env"]

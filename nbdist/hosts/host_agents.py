@@ -20,19 +20,19 @@ import threading
 import time
 from collections.abc import Callable
 
+from ..control.channel import Channel, HandshakeError, Listener
+from ..control.protocol import AgentReady, Heartbeat, ProtocolError
 from ..errors import DistTimeoutError, StartError
-from .channel import Channel, HandshakeError, Listener
 from .launch import ForkClient, describe_exit
 from .netif import Interface
-from .protocol import AgentReady, Heartbeat, ProtocolError
-from .slurm import STEP_LAUNCHER
+from .scheduler import STEP_LAUNCHERS
 
 __all__ = ["AGENT_SILENCE", "HEARTBEAT", "LAUNCHERS", "SILENCE", "HostAgent", "launcher_argv",
            "start_agents"]
 
 LAUNCHERS = {
     "ssh": "ssh -o BatchMode=yes {host} {command}",
-    "srun": STEP_LAUNCHER,  # a step of the SLURM allocation the notebook runs in
+    **STEP_LAUNCHERS,  # a step of the allocation the notebook runs in (srun)
 }
 HEARTBEAT = 1.0  # seconds between heartbeats, both ways
 SILENCE = 4.0  # an agent silent this long is lost (a host lost is noticed within 5 s)
