@@ -89,3 +89,54 @@ def test_a_kernel_without_a_world_runs_it_twice(kernel):
         rep = kernel.execute(code.replace("THEPORT", str(free_port())), timeout=60)
         assert rep.status == "ok", (rep.stdout, rep.stderr, rep.error)
         assert "solo [2.0, 2.0]" in rep.stdout
+
+
+# a run that leaves what a process's end would clear: an autograd context made and never
+# released (torch's test_clean_context_during_backward exits inside it), and an RRef context
+# that, after shutdown, still makes RRefs with no agent (torch keeps that within a run; a
+# fresh process, the next run of a script, raises "Current RPC agent is not set")
+LEFTOVERS = """import os, torch, torch.distributed.rpc as rpc, torch.distributed.autograd as da
+rank, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+def rref_without_agent():
+    try:
+        rpc.RRef(torch.ones(1))
+        return "an RRef"
+    except RuntimeError as exc:
+        return str(exc).split("!")[0]
+said = f"{rank} before: {rref_without_agent()}"
+rpc.init_rpc(f"worker{rank}", rank=rank, world_size=n)
+with da.context() as ctx:
+    said += ", context ok"
+kept = da._new_context()  # current on this thread from here on, never released
+rpc.shutdown()
+print(f"{said}, after: {rref_without_agent()}")
+"""
+
+
+def test_a_run_that_leaves_an_autograd_context_and_an_rref_runs_as_in_a_fresh_process(
+        kernel, tmp_path):
+    import subprocess
+    import sys
+
+    script = tmp_path / "leftovers.py"
+    script.write_text("import os\nos.environ.update(RANK='0', WORLD_SIZE='1', MASTER_ADDR="
+                      "'127.0.0.1', MASTER_PORT=os.environ['PORT'])\n" + LEFTOVERS)
+    from conftest import free_port
+
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=120, env={**__import__("os").environ,
+                                            "PORT": str(free_port())})
+    assert done.returncode == 0, done.stderr[-2000:]
+    expected = "before: Current RPC agent is not set, context ok, after: an RRef"
+    assert f"0 {expected}" in done.stdout, done.stdout  # the script: a fresh process a run
+    kernel.execute("%load_ext nbdist")
+    rep = kernel.execute("%dist_start 1 --no-rpc", timeout=120)
+    assert rep.status == "ok", rep.stderr
+    try:
+        for _ in range(3):
+            rep = kernel.execute("%%dist --local\n" + LEFTOVERS, timeout=90)
+            assert rep.status == "ok", (rep.stdout, rep.stderr, rep.error)
+            assert f"0 {expected}" in rep.stdout and \
+                f"[worker1] 1 {expected}" in rep.stdout, rep.stdout
+    finally:
+        kernel.execute("%dist_stop", timeout=60)

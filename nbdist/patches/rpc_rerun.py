@@ -3,9 +3,14 @@
 torch keeps per-process RPC state past ``rpc.shutdown()`` that a script never meets twice: the
 RRef context (marked destroyed and still holding the old agent, so the next run's RRefs are
 never released and its shutdown waits: "Timed out waiting for pending OwnerRRefs"), the last
-rendezvous and the all-gather sequence numbers. ``install()`` wraps ``rpc.init_rpc``: with no
-agent up, that state is forgotten first. A cell that fails with an agent it started still up
-ends that agent (``cell_ended``), as the failed script's process would have ended.
+rendezvous, the all-gather sequence numbers, and the distributed autograd context a run that
+never left it keeps current on its thread ("Already have an autograd context id for this
+thread"). ``install()`` wraps ``rpc.init_rpc``: with no agent up, that state is forgotten
+first; so is it when the next cell starts (``cell_started``), as the next run of a script is a
+fresh process (an ``RRef`` made there before any ``init_rpc`` raises "Current RPC agent is not
+set"; within one run torch's own behaviour after ``shutdown`` is kept). A cell that fails with
+an agent it started still up ends that agent (``cell_ended``), as the failed script's process
+would have ended.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ __all__ = ["after_cell", "cell_ended", "cell_started", "end_agent", "install", "
 class _UserAgent:
     """The agent user code started in this process (per process: one agent at a time)."""
 
+    ran: bool = False  # user code started an agent since its state was last forgotten
     up: bool = False  # the user's last init_rpc made the agent up now (no reference is
     # kept: a shut-down agent holds its store, and rank 0's store is a listening TCP server)
     this_cell: bool = False  # made by the cell running now
@@ -58,6 +64,7 @@ def _wrap(init_rpc: Any) -> Any:
             return init_rpc(*args, **kwargs)  # said at %load_ext: a second run may hang
         if not api._is_current_rpc_agent_set():
             _forget_last_agent()
+        _AGENT_PER_PROCESS.ran = True
         result = init_rpc(*args, **kwargs)
         _AGENT_PER_PROCESS.up = True
         _AGENT_PER_PROCESS.this_cell = True
@@ -72,10 +79,27 @@ def _forget_last_agent() -> None:
     all-gather counters (``_init_counter`` is kept: the world's store may hold its keys)."""
     from . import rpc_hooks, rref_reset
 
-    _AGENT_PER_PROCESS.up = False
+    _AGENT_PER_PROCESS.up = _AGENT_PER_PROCESS.ran = False
     rref_reset.reset_singleton()
     rpc_hooks.reset_world_state(keep_init_counter=True)
+    _leave_autograd_context()
     gc.collect()  # the last rendezvous's store (a TCP server on rank 0) must not serve on
+
+
+def _leave_autograd_context() -> None:
+    """Release the distributed autograd context an earlier run left current on this thread
+    (one that exited inside ``dist_autograd.context()``, or made one with ``_new_context``):
+    a fresh process has none, and ``context()`` refuses to open a second."""
+    try:
+        import torch.distributed.autograd as dist_autograd
+
+        context_id = dist_autograd._current_context()._context_id()
+    except Exception:  # noqa: BLE001 - none current (the usual case), or never initialised
+        return
+    try:
+        dist_autograd._release_context(context_id)
+    except Exception:  # noqa: BLE001 - released meanwhile
+        pass
 
 
 def started_here() -> bool:
@@ -86,8 +110,15 @@ def started_here() -> bool:
 
 
 def cell_started(*_: Any) -> None:
-    """A cell starts: an agent up now is an earlier cell's."""
+    """A cell starts: an agent up now is an earlier cell's; with none up, what an earlier
+    cell's agent left is forgotten, as a script's next run starts in a fresh process."""
     _AGENT_PER_PROCESS.this_cell = False
+    if not _AGENT_PER_PROCESS.ran:  # the usual cell: no import, no call into torch
+        return
+    from torch.distributed.rpc import api
+
+    if not api._is_current_rpc_agent_set():
+        _forget_last_agent()
 
 
 def cell_ended(failed: bool) -> None:

@@ -2,7 +2,7 @@
 
 torch's RPC is in maintenance mode upstream, but its private names still move between releases.
 ``PRIVATES`` lists each name nbdist relies on with the feature that needs it, a check of its shape
-and the torch versions it was verified on (the README's table). ``problems()`` looks them all up
+and the torch versions it was verified on (docs/torch-versions.md). ``problems()`` looks them all up
 once per process; ``%load_ext nbdist`` (or, while torch is not imported yet, the first world
 start) prints one line per feature that cannot work on the torch at hand. Patch modules ask
 ``usable`` before they patch, so a missing or reshaped name turns one feature off instead of
@@ -24,7 +24,7 @@ __all__ = ["FEATURES", "PRIVATES", "VERIFIED", "Private", "problems", "report", 
            "usable"]
 
 # torch versions the suite passed on, oldest first: pyproject.toml accepts exactly this range
-# and CI runs the fast suite on both ends (README "Torch versions" says which suite ran on
+# and CI runs the fast suite on both ends (docs/torch-versions.md says which suite ran on
 # each); entries verified on fewer say so in their own ``verified``.
 VERIFIED = ("2.8.0", "2.9.0", "2.10.0", "2.11.0", "2.13.0", "2.14.1", "2.15.0")
 
@@ -212,6 +212,8 @@ PRIVATES: tuple[Private, ...] = (
     Private("rerun", _API, "_is_current_rpc_agent_set", _arity(0)),
     Private("rerun", _API, "_get_current_rpc_agent", _arity(0)),
     Private("rerun", _API, "_ignore_rref_leak", _is(bool)),
+    Private("rerun", "torch.distributed.autograd", "_current_context", _arity(0)),
+    Private("rerun", "torch.distributed.autograd", "_release_context", _arity(1)),
     # C++ statics found in libtorch_cpu.so's symbol table
     Private("rref_reset", "libtorch_cpu.so", "RRefContext::getInstance()::context",
             lambda obj: obj is True, lookup=_rref_symbols),

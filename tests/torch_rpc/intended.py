@@ -20,7 +20,8 @@ class Intended:
 INTENDED: list[Intended] = []
 
 # Tests whose outcome changes from run to run in processes that keep RPC up, on both sides
-# (each was seen passing and failing on the world side and on the control), with what they
+# (each seen ending both ways on the world side and on the control, or racing on state an
+# earlier test left, as read from both sides' records), with what they
 # race: not a difference nbdist makes. Under torch's launcher (fresh processes) they pass.
 FLAKY: dict[str, str] = {
     "TensorPipeRpcTest.test_profiler_remote_events_profiled":
@@ -33,6 +34,10 @@ FLAKY: dict[str, str] = {
         "remote profiler events arrive after the check, under load",
     "TensorPipeJitRpcTest.test_rpc_async_jit_profiled":
         "remote profiler events arrive after the check, under load",
+    "TensorPipeRpcTest.test_function_not_on_callee":
+        "an earlier test left rpc_test's VALUE_FUTURE set, so rank 1's notice fails on both sides "
+        "and rank 0 does not wait for rank 1 to delete foo_add: whether rank 0's call meets the "
+        "deleted name is a race (the control's rank 0 met it before, the world's after)",
     "TensorPipeRpcTest.test_deadlock":
         "the control hung once in 3 whole-pool runs (rank 1 never finished), the world never",
 }

@@ -149,10 +149,12 @@ def run_one(cls_name: str, name: str, rank: int, file_name: str, form: str,
             fresh_module_state()
     except unittest.SkipTest as exc:
         result = {"outcome": "skip", "detail": str(exc)}
-    except SystemExit as exc:
+    except SystemExit as exc:  # the launched process ends with this code: judged by it
         code = exc.code if isinstance(exc.code, int) else 1
         result = ({"outcome": "skip", "detail": _SKIP_CODES[code]} if code in _SKIP_CODES
+                  else {"outcome": "pass"} if code == 0
                   else {"outcome": "fail", "error": "SystemExit", "detail": str(code)})
+        failure = exc  # the process ended here: with ``raise_`` the cell ends too
     except BaseException as exc:  # noqa: BLE001 - the test's outcome
         failure = exc
         result = {"outcome": "fail", "error": type(exc).__name__,
