@@ -25,13 +25,13 @@ STAMP := $(VENV)/.installed
 OUT := notebooks/_out
 
 .PHONY: demo test test-fast bench lint browser clean clean-torch conformance-torch \
-	conformance-torch-sample
+	conformance-torch-sample docs
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 ifeq ($(strip $(TORCH)),)
-	$(PIP_ENV) $(BIN)/python -m pip install -q -c $(CONSTRAINTS) -e ".[test,tutorials,bench,browser]"
+	$(PIP_ENV) $(BIN)/python -m pip install -q -c $(CONSTRAINTS) -e ".[test,tutorials,bench,browser,docs]"
 else
 	sed 's/^torch==.*/torch==$(TORCH)/' constraints.txt > $(CONSTRAINTS)
 	$(PIP_ENV) $(BIN)/python -m pip install -q --no-deps -e .
@@ -50,6 +50,12 @@ demo: $(STAMP)
 	$(BIN)/jupyter nbconvert --to notebook --execute notebooks/00_quickstart.ipynb \
 		--ExecutePreprocessor.timeout=600 --output-dir $(OUT) --output 00_quickstart.ipynb
 	@echo "executed notebook: $(OUT)/00_quickstart.ipynb"
+
+# The documentation site, offline, from the tree: docs/_build/html/index.html. `make test`
+# builds it too (tests/test_docs.py: warnings are errors, every link and anchor checked).
+docs: $(STAMP)
+	$(BIN)/python -m sphinx -W --keep-going -q -b html docs docs/_build/html
+	@echo "the site: docs/_build/html/index.html"
 
 test: $(STAMP) browser
 	$(BIN)/ruff check nbdist tests bench
@@ -112,7 +118,7 @@ browser:
 	@if command -v chromium >/dev/null 2>&1; then command -v chromium > $(VENV)/.chromium; fi
 
 clean:
-	rm -rf $(VENV) $(OUT) .pytest_cache
+	rm -rf $(VENV) $(OUT) .pytest_cache docs/_build
 
 # Every venv of `make ... TORCH=X` (several GB each: a CUDA build of torch).
 clean-torch:

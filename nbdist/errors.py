@@ -25,19 +25,34 @@ __all__ = [*RAISED, "RAISED", "RankFailure", "safe_str"]
 
 
 class NbdistError(RuntimeError):
-    """Base class of the errors nbdist raises on purpose."""
+    """Base class of the errors nbdist raises on purpose.
+
+    What to do: catch ``nbdist.NbdistError`` to handle them all; each subclass says its own
+    cause and remedy, and its message names the rank and what it waited for."""
 
 
 class ClusterStateError(NbdistError):
-    """The call needs a running world and there is none, or the reverse."""
+    """The call needs a running world and there is none, or the reverse.
+
+    What to do: ``%dist_start N`` (``nbdist.start(N)``) before ``%%dist``, views or
+    ``%dist_status``; ``%dist_restart`` or ``%dist_stop`` a running world before starting
+    another. ``nbdist.current()`` says whether one runs."""
 
 
 class StartError(NbdistError):
-    """A world could not be started; nothing is left running."""
+    """A world could not be started; nothing is left running.
+
+    What to do: the message names the rank that failed and its traceback (an import error, a
+    bad ``--hosts`` entry, a GPU plan that does not fit); fix that and start again. A start
+    that only ran out of time takes ``--start-timeout``."""
 
 
 class WorkerDiedError(NbdistError):
-    """A worker rank died while something waited on it."""
+    """A worker rank died while something waited on it.
+
+    What to do: the message says how it died (a signal, the OOM killer, an exit code);
+    ``%dist_status`` shows every rank. ``%dist_restart --keep`` replaces the dead rank and keeps
+    the others' state; ``--heal`` does it by itself next time."""
 
     def __init__(self, rank: int, name: str, reason: str, waiting_for: str = "") -> None:
         self.rank, self.name, self.reason = rank, name, reason
@@ -46,12 +61,19 @@ class WorkerDiedError(NbdistError):
 
 
 class DistTimeoutError(NbdistError, TimeoutError):
-    """A wait ran past its deadline."""
+    """A wait ran past its deadline.
+
+    What to do: the message names the rank and what it waited for. A rank busy in a long call
+    answers once it returns: interrupt the cell (Ctrl-C, the stop button) or raise the
+    timeout (``%%dist --timeout``, ``--rpc-timeout``, ``--start-timeout``)."""
 
 
 class NoRpcError(NbdistError):
     """Something that needs torch RPC ran in a world that has no RPC agent (``--no-rpc``,
-    or a torch build without ``torch.distributed.rpc``)."""
+    or a torch build without ``torch.distributed.rpc``).
+
+    What to do: ``%dist_restart --rpc`` brings RPC back; in a ``--no-rpc`` world use
+    ``%%dist`` cells and process-group collectives instead."""
 
 
 @dataclass
@@ -69,7 +91,10 @@ class RankFailure:
 
 
 class RemoteError(NbdistError):
-    """An exception raised by code running on another rank."""
+    """An exception raised by code running on another rank.
+
+    What to do: read the rank's traceback, shown in place of nbdist's own frames;
+    ``%dist_debug`` opens pdb at that rank's failure. ``failures`` has each rank's."""
 
     def __init__(self, failures: list[RankFailure], summary: str = "") -> None:
         self.failures = failures
@@ -87,12 +112,18 @@ class RemoteError(NbdistError):
 
 
 class DistCellError(RemoteError):
-    """A ``%%dist`` cell raised on some ranks; the others' output was still shown."""
+    """A ``%%dist`` cell raised on some ranks; the others' output was still shown.
+
+    What to do: the error names each failing rank with its traceback; ``%dist_debug RANK``
+    opens pdb there. The ranks that did not fail keep what the cell defined."""
 
 
 class DistCallError(RemoteError):
     """A view's call (``c[:].call``, ``push``, ``pull``, ...) raised or died on some ranks;
-    ``results`` holds what the other ranks returned (``{rank: value}``)."""
+    ``results`` holds what the other ranks returned (``{rank: value}``).
+
+    What to do: fix the failing ranks' cause (named with tracebacks) and call again, or use
+    ``results`` when the others' answers are enough."""
 
     def __init__(self, failures: list[RankFailure], summary: str = "",
                  results: dict | None = None) -> None:
@@ -104,7 +135,11 @@ class CellInterrupted(KeyboardInterrupt):
     """Ctrl-C stopped a cell on workers (still a ``KeyboardInterrupt``, so ``except
     Exception`` does not swallow it). ``failures``: what each rank that stopped raised;
     ``silent``: the ranks that had not answered yet. A notebook shows one short block per
-    rank, where its code was, and none of nbdist's frames (``NBDIST_TRACEBACK=full``: all)."""
+    rank, where its code was, and none of nbdist's frames (``NBDIST_TRACEBACK=full``: all).
+
+    What to do: nothing: the ranks are ready for the next cell and keep their state. A rank
+    listed as silent is still busy in a call Python cannot interrupt; ``%dist_status`` shows
+    it, ``%dist_restart --keep`` replaces it."""
 
     def __init__(self, failures: list[RankFailure], silent: list[str]) -> None:
         self.failures, self.silent = failures, silent

@@ -1,4 +1,4 @@
-"""The package's shape, checked on the source: imports run downward only (README, Layout),
+"""The package's shape, checked on the source: imports run downward only (docs/layout.md),
 no module reaches itself through a circle of imports (inside a package or across), and no
 nbdist module is imported by a name computed at run time."""
 
@@ -259,15 +259,16 @@ def test_the_global_budget_holds():
         f"{GLOBAL_BUDGET}: keep the state in an object that owns it"
 
 
-# -- the README's Layout ----------------------------------------------------------------------
+# -- docs/layout.md ------------------------------------------------------------------------------
+LAYOUT_PAGE = ROOT / "docs" / "layout.md"
+
+
 def _layout() -> str:
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## Layout", 1)[1].split("\n## ", 1)[0]
-    return section.split("```", 2)[1]
+    return LAYOUT_PAGE.read_text().split("```", 2)[1]
 
 
 def test_readme_layout_names_every_module_and_only_those():
-    """The README's Layout block cannot drift: every module is in it, and nothing else."""
+    """docs/layout.md's block cannot drift: every module is in it, and nothing else."""
     layout = _layout()
     listed: set[str] = set()
     folder = ""
@@ -281,22 +282,21 @@ def test_readme_layout_names_every_module_and_only_those():
             listed.add(f"{folder}/{name}.py" if folder else f"{name}.py")
     modules = {p.relative_to(PKG).as_posix() for p in PKG.rglob("*.py")
                if p.name != "__init__.py"}
-    assert modules - listed == set(), "modules missing from README's Layout"
-    assert listed - modules == set(), "README's Layout names modules that do not exist"
+    assert modules - listed == set(), "modules missing from docs/layout.md"
+    assert listed - modules == set(), "docs/layout.md names modules that do not exist"
 
 
 # -- process-wide state ---------------------------------------------------------------------
 def test_every_module_rebinding_a_global_is_in_the_readme_list():
-    """A ``global`` statement is allowed only in a module the README's "Process-wide state"
+    """A ``global`` statement is allowed only in a module docs/layout.md's "Process-wide state"
     list names, with why; a module that no longer has one leaves the list too."""
-    section = (ROOT / "README.md").read_text().split("### Process-wide state", 1)[1]
-    section = section.split("\n## ", 1)[0]
+    section = LAYOUT_PAGE.read_text().split("## Process-wide state", 1)[1]
     listed = {m for m in re.findall(r"`([\w/]+\.py)`", section)
               if not m.startswith("tests/")} - {"patches/process_group.py"}
     rebinding = {str(p.relative_to(PKG)) for p in PKG.rglob("*.py")
                  if any(isinstance(n, ast.Global) for n in ast.walk(ast.parse(p.read_text())))}
-    assert rebinding - listed == set(), "modules with `global` missing from the README's list"
-    assert listed - rebinding == set(), "the README's list names modules without `global`"
+    assert rebinding - listed == set(), "modules with `global` missing from docs/layout.md's list"
+    assert listed - rebinding == set(), "docs/layout.md's list names modules without `global`"
 
 
 def _class_attributes_set(source: str) -> list[tuple[int, str]]:

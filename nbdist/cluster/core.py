@@ -68,17 +68,17 @@ def start(n: int, *, name: str = "worker0", worker_name: str = "worker{rank}",
     ranks on other machines after the ``n`` local ones, started there by ``launcher``
     (``ssh``, ``srun`` or a template with ``{host}`` and ``{command}``) running
     ``remote_python -m nbdist.join``; ``iface`` is this machine's interface or address that
-    those hosts reach (required with ``hosts``). See the README, "More than one machine".
+    those hosts reach (required with ``hosts``). See docs/guide/machines.md.
     ``gpus`` (``"auto"``, ``"none"``, ``"0,2"``), ``process_group`` (``"gloo"``, ``"nccl"``,
-    ``"auto"``) and ``device_maps`` (``"auto"``): README, "GPUs".
+    ``"auto"``) and ``device_maps`` (``"auto"``): docs/guide/gpus.md.
     ``heal``: a worker that dies is replaced on its own, the others keeping their state
-    (``Cluster.restart(keep=True)``); see the README, "When a rank dies".
+    (``Cluster.restart(keep=True)``); see docs/guide/when-a-rank-dies.md.
     ``aggregate``: a line printed by several ranks at once shows once, led by the ranks
-    (``[worker1-12] ...``); "auto" turns it on from 8 workers (README, "Output").
+    (``[worker1-12] ...``); "auto" turns it on from 8 workers (docs/guide/output.md).
     ``slurm`` (``"-N 2 --ntasks-per-node=4 -t 1:00:00"``): sbatch options of one SLURM
     allocation whose nodes are the hosts, ``--ntasks-per-node`` ranks on each, kept across
-    restarts until ``release_hosts()`` (README, "More than one machine").
-    ``tabs``: ``%%dist`` cells show a live tab per rank (README, "Output").
+    restarts until ``release_hosts()`` (docs/guide/machines.md).
+    ``tabs``: ``%%dist`` cells show a live tab per rank (docs/guide/output.md).
     The start line's "ready in" counts from this call.
     """
     since = time.monotonic()
@@ -381,7 +381,7 @@ class Cluster:
 
     def __getitem__(self, key: Any) -> View:
         """Worker ranks as one view: ``c[:]`` (every worker), ``c[1:3]``, ``c[[1, 3]]``,
-        ``c["obs2"]``; see ``View`` (README, "Views")."""
+        ``c["obs2"]``; see ``View`` (docs/guide/views.md)."""
         return View(lambda: self._world, select(key, self.names), self._load)
 
     # ------------------------------------------------------------------ status

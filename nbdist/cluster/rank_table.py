@@ -16,7 +16,7 @@ class ClusterState(enum.Enum):
     """Where a world is in its life. Moves: NEW → STARTING → RUNNING; RUNNING → HEALING,
     RESTARTING or GROWING (a keep-restart, rebuilt in place) → RUNNING; any → STOPPING →
     STOPPED. A failed rebuild stops the world. The ``Cluster``'s lifecycle lock decides every
-    move; README, "When a rank dies", says what each command does in each state."""
+    move; docs/guide/when-a-rank-dies.md says what each command does in each state."""
 
     NEW = "new"  # made, nothing started yet
     STARTING = "starting"  # workers forking, connecting, joining the RPC world

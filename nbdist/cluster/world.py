@@ -298,7 +298,7 @@ class World:
                                    f"({iface.address}) and on the hosts accept unauthenticated "
                                    "connections (torch's TensorPipe and Gloo have no "
                                    "authentication): use a private network or a tunnel "
-                                   "(README: More than one machine)\n")
+                                   "(docs/guide/machines.md)\n")
 
     def _spawn_all(self, template: Launcher, configs: list[RankConfig],
                    watch: StartWatch) -> None:

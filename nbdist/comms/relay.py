@@ -4,7 +4,8 @@ For a worker's ``CommOpen`` (``comms.channel_comm``), ``CommRelay`` opens a real
 notebook kernel under the same id, so the frontend makes a real widget model; updates go on to the
 frontend, the frontend's messages go back to the rank that owns the comm, closes go both ways.
 Each relayed widget is entered in ipywidgets' registry as a ``WidgetMirror`` so a reloaded page
-gets it back. Outside a Jupyter kernel comm messages are dropped. README, Module notes.
+gets it back. Outside a Jupyter kernel comm messages are dropped.
+docs/how-it-works.md, Module notes.
 """
 
 from __future__ import annotations

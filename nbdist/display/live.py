@@ -6,7 +6,7 @@ only the panels whose data changed, at most ``hz`` times a second, by setting ne
 ``ipywidgets.Image`` widgets (in place: nothing cleared or appended); the output also carries a
 static ``image/png`` for nbclient/nbconvert. Contract: nothing is written where the user did not
 name a path (``save_to=``, ``save()``), and an ``atexit`` handler joins every dashboard's
-thread before the cluster's own teardown. Details: README, Module notes.
+thread before the cluster's own teardown. Details: docs/how-it-works.md, Module notes.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
 """What a world adds around torch's process groups: where user groups meet, torchrun's
-environment, destroyed groups freed safely (README, Layout)."""
+environment, destroyed groups freed safely (docs/layout.md)."""
 
 __all__: list[str] = []

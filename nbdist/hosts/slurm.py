@@ -5,7 +5,7 @@ the allocation while worlds come and go; join agents run in it as ``srun --overl
 steps, one per node; its state comes from ``scontrol show job``. Contract: the job never
 outlives this process: a watchdog in a session of its own cancels it when a pipe only this
 process writes closes (SIGKILL included), and ``release`` cancels it at once. Why these flags:
-README, Module notes.
+docs/how-it-works.md, Module notes.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ no clock (the caller passes ``now``).
 other ranks on the same stream joins it, shows it at once when every expected rank has printed
 it, keeps each rank's lines in the order it printed them, and ``release`` shows a rank's held
 lines now. Contract: nothing is dropped; each held line is shown exactly once (the router keeps
-every rank's own log as printed). The rule in full: README, Module notes.
+every rank's own log as printed). The rule in full: docs/how-it-works.md, Module notes.
 """
 
 from __future__ import annotations

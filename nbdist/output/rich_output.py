@@ -5,7 +5,7 @@ joins a big display's ``DisplayChunk`` pieces first). In a Jupyter kernel each b
 published as it is, after a label naming the rank, under a display id of its own, so a rank's
 ``clear_output`` and ``handle.update(...)`` reach only that rank's outputs; outside Jupyter it
 is written as ``[name] <text/plain>``. ``%%dist --grid`` shows a cell's bundles as one table
-(``render_grid``, pure). Ordering and reuse of places: README, Module notes.
+(``render_grid``, pure). Ordering and reuse of places: docs/how-it-works.md, Module notes.
 """
 
 from __future__ import annotations

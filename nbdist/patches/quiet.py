@@ -5,7 +5,7 @@ or the terminal) that drops exactly the messages ``filter_lines`` names (pipe-cl
 when a world ends, stale-RRef errors, ...) and passes everything else through;
 ``drop_stdout_noise`` does the same for Gloo's connect lines on stdout (torch 2.10 and older);
 ``hide_warnings()`` hides torch's per-rank deprecation warnings (user warnings still show).
-Which messages and why: README, Module notes.
+Which messages and why: docs/how-it-works.md, Module notes.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ a name holding the value mirrored last time is replaced when the sender rebound 
 this rank bound itself is kept. A value goes to a destination once per binding, a marker after
 that (a receiver waits up to ``WAIT`` seconds for a value it has not seen). Under ``sender_wins``
 (``mp.spawn``: a spawned process runs the parent's module as the parent has it) every value
-arriving replaces this rank's. README, Module notes.
+arriving replaces this rank's. docs/how-it-works.md, Module notes.
 """
 
 from __future__ import annotations

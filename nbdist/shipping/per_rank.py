@@ -4,7 +4,8 @@ When one rank sends a class or function to another, the receiver's own definitio
 same qualified name with the same code is its *twin* and stands for it, as one imported module
 does in a script. "The same code" is a digest of the source text (from ``linecache``), not of
 the code object; without source, bytecode, constants and names stand in. Nothing here knows
-which objects are copies: ``shipping`` asks and decides. Why source: README, Module notes.
+which objects are copies: ``shipping`` asks and decides. Why source:
+docs/how-it-works.md, Module notes.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ torch's own reducers stay in charge of tensors, ``RRef`` and ``ScriptModule``. A
 code and its cell's source go to each destination once, then by digest (a callee waits up to
 ``CODE_WAIT`` seconds for a digest it has not seen); the rest of it is pickled on every call,
 so what runs is what cloudpickle would have shipped. Arriving code runs against the receiving
-rank's ``__main__`` (``mirror``, ``twins``, ``fresh``). The whole rule: README, Module notes.
+rank's ``__main__`` (``mirror``, ``twins``, ``fresh``). The whole rule:
+docs/how-it-works.md, Module notes.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ pre-faulted slots from it and reuses them; a peer maps it through ``/proc/<pid>/
 (same user only), checks its token and keeps no descriptor. Each slot has one state word with
 one writer at a time (``FREE`` → owner ``SENT`` → receiver pid → ``FREE``); slots of dead pids
 and unclaimed slots (``UNCLAIMED_S``) come back, and a changed generation raises instead of
-reading reused memory. The state machine in full: README, Module notes.
+reading reused memory. The state machine in full: docs/how-it-works.md, Module notes.
 """
 
 from __future__ import annotations

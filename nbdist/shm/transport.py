@@ -7,7 +7,7 @@ gets tensors over the slot, which returns to the sender's pool when the last is 
 a message met ``min_bytes`` of tensors, its smaller CPU tensors join the same slot (a state
 dict or a list of gradients: one span), if those hold ``min_bytes`` too. Everything else
 (grad, non-CPU, sparse, other hosts, no room) keeps TensorPipe's path; the full list is in
-the README (How it works). ``NBDIST_SHM=0`` turns the path off.
+docs/how-it-works.md. ``NBDIST_SHM=0`` turns the path off.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
 """``mp.spawn`` from a cell: the patch that asks the world first, the world's side, and one
-rank's part (README, Layout)."""
+rank's part (docs/layout.md)."""
 
 __all__: list[str] = []

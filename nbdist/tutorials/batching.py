@@ -6,7 +6,8 @@ notebook defines its own ``Policy``/``Observer``/``Agent`` in cells: they are th
 Each observer steps a gymnasium ``CartPole-v1`` (new API) and asks the agent for each action:
 ``Agent.select_action`` answers one state at once, ``Agent.select_action_batch``
 (``@rpc.functions.async_execution``) answers all observers with one policy run. Batched and
-unbatched runs use the same seeds; the policy lives on ``device``. How: README, Module notes.
+unbatched runs use the same seeds; the policy lives on ``device``. How:
+docs/how-it-works.md, Module notes.
 """
 
 from __future__ import annotations

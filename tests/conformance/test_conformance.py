@@ -109,5 +109,6 @@ def test_every_intended_difference_is_seen(runs):
 
 
 def test_readme_table_is_generated_from_the_suite():
-    assert current(README.read_text()) == block(), \
-        "README.md's table is stale: run `python -m tests.conformance.readme`"
+    assert current(README.read_text()) == block(), (
+        "the guide's table (docs/guide/paste-tutorials.md) is stale: run "
+        "`python -m tests.conformance.readme`")
