@@ -19,10 +19,10 @@ class Intended:
 
 INTENDED: list[Intended] = []
 
-# Tests whose outcome changes from run to run in processes that keep RPC up, on both sides
-# (each seen ending both ways on the world side and on the control, or racing on state an
-# earlier test left, as read from both sides' records), with what they
-# race: not a difference nbdist makes. Under torch's launcher (fresh processes) they pass.
+# Tests whose outcome changes from run to run in processes that keep RPC up, with what they
+# race, read from both sides' records: each was seen ending both ways across whole-pool runs,
+# or races on state an earlier test left in the process. Not a difference nbdist makes; under
+# torch's launcher (fresh processes) they pass.
 FLAKY: dict[str, str] = {
     "TensorPipeRpcTest.test_profiler_remote_events_profiled":
         "remote profiler events arrive after the check, under load (2 cores, 8 processes)",
@@ -34,6 +34,16 @@ FLAKY: dict[str, str] = {
         "remote profiler events arrive after the check, under load",
     "TensorPipeJitRpcTest.test_rpc_async_jit_profiled":
         "remote profiler events arrive after the check, under load",
+    "TensorPipeRpcTest.test_profiler_with_autograd_context":
+        "remote profiler events arrive after the check, under load (passed on both sides in "
+        "the run before)",
+    "TensorPipeRpcTest.test_server_process_global_profiler":
+        "the server's profiler sees its events after the check, under load (the control's "
+        "rank 0 failed, the world passed; both passed in the run before)",
+    "TensorPipeDistAutogradTest.test_debug_info":
+        "both sides fail on state earlier tests left: the process still counts their backward "
+        "passes ('Expected 1 <= backward_passes <= 4, got 5'); which ranks then time out in the "
+        "barrier and which see the peer's reset is a race",
     "TensorPipeRpcTest.test_function_not_on_callee":
         "an earlier test left rpc_test's VALUE_FUTURE set, so rank 1's notice fails on both sides "
         "and rank 0 does not wait for rank 1 to delete foo_add: whether rank 0's call meets the "
