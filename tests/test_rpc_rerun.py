@@ -140,3 +140,25 @@ def test_a_run_that_leaves_an_autograd_context_and_an_rref_runs_as_in_a_fresh_pr
                 f"[worker1] 1 {expected}" in rep.stdout, rep.stdout
     finally:
         kernel.execute("%dist_stop", timeout=60)
+
+
+def test_a_run_that_leaves_its_agent_up_runs_again(kernel):
+    """A script that ends without ``rpc.shutdown()`` (torch's tests with their own init_rpc
+    do) runs again in a fresh process; the cell runs again too: the agent the earlier run left
+    is shut down first, and nbdist says so. torch alone: "RPC is already initialized"."""
+    kernel.execute("%load_ext nbdist")
+    rep = kernel.execute("%dist_start 2 --no-rpc", timeout=120)
+    assert rep.status == "ok", rep.stderr
+    left_up = RUN.replace("FAIL", "").replace("rpc.shutdown()\n", "")
+    try:
+        for run_id in range(3):
+            rep = kernel.execute(left_up.replace("RUN_ID", str(run_id)), timeout=90)
+            assert rep.status == "ok", (run_id, rep.stdout, rep.stderr, rep.error)
+            assert rep.stdout.count(f"run {run_id} rank") == 3, rep.stdout
+            said = (rep.stdout + rep.stderr).count("an earlier cell's init_rpc started was "
+                                                   "still up")
+            assert said == (3 if run_id else 0), (run_id, rep.stdout, rep.stderr)
+        rep = kernel.execute("%%dist --local\nrpc.shutdown()\nprint('down')", timeout=90)
+        assert rep.status == "ok" and rep.stdout.count("down") == 3, rep.stdout
+    finally:
+        kernel.execute("%dist_stop", timeout=60)

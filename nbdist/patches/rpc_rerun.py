@@ -6,7 +6,8 @@ never released and its shutdown waits: "Timed out waiting for pending OwnerRRefs
 rendezvous, the all-gather sequence numbers, and the distributed autograd context a run that
 never left it keeps current on its thread ("Already have an autograd context id for this
 thread"). ``install()`` wraps ``rpc.init_rpc``: with no agent up, that state is forgotten
-first; so is it when the next cell starts (``cell_started``), as the next run of a script is a
+first (an agent an earlier cell started and left up is shut down first, locally, and said);
+so is it when the next cell starts (``cell_started``), as the next run of a script is a
 fresh process (an ``RRef`` made there before any ``init_rpc`` raises "Current RPC agent is not
 set"; within one run torch's own behaviour after ``shutdown`` is kept). A cell that fails with
 an agent it started still up ends that agent (``cell_ended``), as the failed script's process
@@ -23,7 +24,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["after_cell", "cell_ended", "cell_started", "end_agent", "install", "started_here"]
+__all__ = ["after_cell", "cell_ended", "cell_started", "end_agent", "install", "started_here",
+           "world_agent_joins"]
 
 
 @dataclass
@@ -31,6 +33,7 @@ class _UserAgent:
     """The agent user code started in this process (per process: one agent at a time)."""
 
     ran: bool = False  # user code started an agent since its state was last forgotten
+    current: bool = False  # the agent up now is one user code started (never the world's)
     up: bool = False  # the user's last init_rpc made the agent up now (no reference is
     # kept: a shut-down agent holds its store, and rank 0's store is a listening TCP server)
     this_cell: bool = False  # made by the cell running now
@@ -62,10 +65,20 @@ def _wrap(init_rpc: Any) -> Any:
 
         if not (torch_private.usable("rerun") and torch_private.usable("restart")):
             return init_rpc(*args, **kwargs)  # said at %load_ext: a second run may hang
+        if _earlier_cells_agent(api):
+            end_agent()
+            print("nbdist: the RPC agent an earlier cell's init_rpc started was still up; it "
+                  "was shut down here (without waiting for peers), so this init_rpc starts "
+                  "afresh, as the script's next run would", file=sys.stderr)
         if not api._is_current_rpc_agent_set():
             _forget_last_agent()
         _AGENT_PER_PROCESS.ran = True
-        result = init_rpc(*args, **kwargs)
+        before = bool(api._is_current_rpc_agent_set())  # the world's, refused by torch below
+        try:
+            result = init_rpc(*args, **kwargs)
+        finally:  # one that failed after setting its agent (a refused dynamic member) too
+            if not before and api._is_current_rpc_agent_set():
+                _AGENT_PER_PROCESS.current = True
         _AGENT_PER_PROCESS.up = True
         _AGENT_PER_PROCESS.this_cell = True
         return result
@@ -74,12 +87,20 @@ def _wrap(init_rpc: Any) -> Any:
     return wrapper
 
 
+def _earlier_cells_agent(api: Any) -> bool:
+    """Whether the agent up now is one user code started in an earlier cell (never the
+    world's own): the cell runs again, and a script's next run would be a fresh process."""
+    return (not _AGENT_PER_PROCESS.this_cell and _AGENT_PER_PROCESS.current
+            and bool(api._is_current_rpc_agent_set()))
+
+
 def _forget_last_agent() -> None:
     """What an earlier agent of this process left: its RRef context, rendezvous and
     all-gather counters (``_init_counter`` is kept: the world's store may hold its keys)."""
     from . import rpc_hooks, rref_reset
 
     _AGENT_PER_PROCESS.up = _AGENT_PER_PROCESS.ran = False
+    _AGENT_PER_PROCESS.current = False
     rref_reset.reset_singleton()
     rpc_hooks.reset_world_state(keep_init_counter=True)
     _leave_autograd_context()
@@ -100,6 +121,11 @@ def _leave_autograd_context() -> None:
         dist_autograd._release_context(context_id)
     except Exception:  # noqa: BLE001 - released meanwhile
         pass
+
+
+def world_agent_joins() -> None:
+    """nbdist's own agent is about to be current (a world with RPC): none is the user's."""
+    _AGENT_PER_PROCESS.current = False
 
 
 def started_here() -> bool:
@@ -171,7 +197,7 @@ def end_agent(timeout: float = END_TIMEOUT) -> None:
             thread.join(0.1)
         except KeyboardInterrupt:  # the agent ends either way; the cell already failed
             continue
-    _AGENT_PER_PROCESS.up = False
+    _AGENT_PER_PROCESS.up = _AGENT_PER_PROCESS.current = False
     if thread.is_alive():
         print(f"nbdist: the RPC agent of the failed cell did not shut down within {timeout:g}s",
               file=sys.stderr)

@@ -10,7 +10,7 @@ from datetime import timedelta
 from typing import Any
 
 from .. import world_state
-from ..patches import process_group, rpc_hooks, thread_states
+from ..patches import process_group, rpc_hooks, rpc_rerun, thread_states
 from ..shipping import pickler as shipping
 from ..shm import transport as shm
 from . import nccl
@@ -45,6 +45,7 @@ def join_rpc(name: str, rank: int, world_size: int, init_method: str, timeout: f
     opts = rpc.TensorPipeRpcBackendOptions(init_method=init_method, rpc_timeout=timeout,
                                            device_maps=device_maps or None, **more)
     init_rpc = getattr(rpc.init_rpc, "__nbdist_wrapped__", rpc.init_rpc)  # torch's own
+    rpc_rerun.world_agent_joins()  # the agent about to be current is the world's
     run(lambda: init_rpc(name, rank=rank, world_size=world_size,
                          rpc_backend_options=opts), "join the RPC world (init_rpc)")
 
