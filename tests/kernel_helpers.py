@@ -21,21 +21,37 @@ class Reply:
     seconds: float = 0.0
 
 
+#: starts of a kernel that dies before its first reply, before giving up
+START_TRIES = 3
+
+
 class Kernel:
     """Start a python3 kernel; ``execute`` returns what that one cell produced. ``argv``,
     ``env`` and ``interrupt_mode`` replace the kernel spec's (another kernel program)."""
 
     def __init__(self, cwd: str | None = None, argv: list[str] | None = None,
                  env: dict[str, str] | None = None, interrupt_mode: str | None = None) -> None:
-        self.km = KernelManager(kernel_name="python3")
-        if argv is not None:
-            self.km.kernel_spec.argv = argv
-        if interrupt_mode is not None:
-            self.km.kernel_spec.interrupt_mode = interrupt_mode
-        self.km.start_kernel(cwd=cwd, **({"env": env} if env is not None else {}))
-        self.kc = self.km.client()
-        self.kc.start_channels()
-        self.kc.wait_for_ready(timeout=60)
+        for attempt in range(START_TRIES):
+            self.km = KernelManager(kernel_name="python3")
+            if argv is not None:
+                self.km.kernel_spec.argv = argv
+            if interrupt_mode is not None:
+                self.km.kernel_spec.interrupt_mode = interrupt_mode
+            self.km.start_kernel(cwd=cwd, **({"env": env} if env is not None else {}))
+            self.kc = self.km.client()
+            self.kc.start_channels()
+            try:
+                self.kc.wait_for_ready(timeout=60)
+                return
+            except RuntimeError:
+                died = not self.km.is_alive()
+                self.kc.stop_channels()
+                self.km.shutdown_kernel(now=True)
+                if not died or attempt == START_TRIES - 1:
+                    raise
+                # jupyter_client picks free ports and the kernel binds them later: another
+                # process can take one in between (zmq: "Address already in use", the kernel
+                # dies at start). A new manager picks new ports.
 
     @property
     def pid(self) -> int:
