@@ -33,9 +33,9 @@ class _UserAgent:
     """The agent user code started in this process (per process: one agent at a time)."""
 
     ran: bool = False  # user code started an agent since its state was last forgotten
-    current: bool = False  # the agent up now is one user code started (never the world's)
-    up: bool = False  # the user's last init_rpc made the agent up now (no reference is
-    # kept: a shut-down agent holds its store, and rank 0's store is a listening TCP server)
+    up: bool = False  # the user's last init_rpc set the agent up now, even one that then
+    # failed; never the world's (no reference is kept: a shut-down agent holds its store, and
+    # rank 0's store is a listening TCP server)
     this_cell: bool = False  # made by the cell running now
     installed: bool = False
 
@@ -65,33 +65,25 @@ def _wrap(init_rpc: Any) -> Any:
 
         if not (torch_private.usable("rerun") and torch_private.usable("restart")):
             return init_rpc(*args, **kwargs)  # said at %load_ext: a second run may hang
-        if _earlier_cells_agent(api):
+        if not _AGENT_PER_PROCESS.this_cell and started_here():  # an earlier cell's
             end_agent()
             print("nbdist: the RPC agent an earlier cell's init_rpc started was still up; it "
                   "was shut down here (without waiting for peers), so this init_rpc starts "
                   "afresh, as the script's next run would", file=sys.stderr)
-        if not api._is_current_rpc_agent_set():
+        before = bool(api._is_current_rpc_agent_set())  # the world's: torch refuses below
+        if not before:
             _forget_last_agent()
         _AGENT_PER_PROCESS.ran = True
-        before = bool(api._is_current_rpc_agent_set())  # the world's, refused by torch below
         try:
             result = init_rpc(*args, **kwargs)
         finally:  # one that failed after setting its agent (a refused dynamic member) too
             if not before and api._is_current_rpc_agent_set():
-                _AGENT_PER_PROCESS.current = True
-        _AGENT_PER_PROCESS.up = True
+                _AGENT_PER_PROCESS.up = True
         _AGENT_PER_PROCESS.this_cell = True
         return result
 
     wrapper.__nbdist_wrapped__ = init_rpc  # type: ignore[attr-defined]
     return wrapper
-
-
-def _earlier_cells_agent(api: Any) -> bool:
-    """Whether the agent up now is one user code started in an earlier cell (never the
-    world's own): the cell runs again, and a script's next run would be a fresh process."""
-    return (not _AGENT_PER_PROCESS.this_cell and _AGENT_PER_PROCESS.current
-            and bool(api._is_current_rpc_agent_set()))
 
 
 def _forget_last_agent() -> None:
@@ -100,7 +92,6 @@ def _forget_last_agent() -> None:
     from . import rpc_hooks, rref_reset
 
     _AGENT_PER_PROCESS.up = _AGENT_PER_PROCESS.ran = False
-    _AGENT_PER_PROCESS.current = False
     rref_reset.reset_singleton()
     rpc_hooks.reset_world_state(keep_init_counter=True)
     _leave_autograd_context()
@@ -125,7 +116,7 @@ def _leave_autograd_context() -> None:
 
 def world_agent_joins() -> None:
     """nbdist's own agent is about to be current (a world with RPC): none is the user's."""
-    _AGENT_PER_PROCESS.current = False
+    _AGENT_PER_PROCESS.up = False
 
 
 def started_here() -> bool:
@@ -197,7 +188,7 @@ def end_agent(timeout: float = END_TIMEOUT) -> None:
             thread.join(0.1)
         except KeyboardInterrupt:  # the agent ends either way; the cell already failed
             continue
-    _AGENT_PER_PROCESS.up = _AGENT_PER_PROCESS.current = False
+    _AGENT_PER_PROCESS.up = False
     if thread.is_alive():
         print(f"nbdist: the RPC agent of the failed cell did not shut down within {timeout:g}s",
               file=sys.stderr)
