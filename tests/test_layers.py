@@ -36,6 +36,7 @@ def _layer(dotted: str) -> tuple[str, int]:
 
 
 def _is_module(parts: list[str]) -> bool:
+    """Whether ``parts`` name an nbdist module or package exactly."""
     path = PKG.joinpath(*parts)
     return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
 
@@ -50,14 +51,12 @@ def _imports(source: str, module: str) -> list[tuple[int, str]]:
             if node.level:
                 base = package[:len(package) - (node.level - 1)]
                 target = base + (node.module.split(".") if node.module else [])
-                names = [target + [a.name] if _is_module(target + [a.name]) else target
-                         for a in node.names]
             elif node.module and node.module.startswith("nbdist."):
                 target = node.module.split(".")[1:]
-                names = [target + [a.name] if _is_module(target + [a.name]) else target
-                         for a in node.names]
             else:
                 continue
+            names = [target + [a.name] if _is_module(target + [a.name]) else target
+                     for a in node.names]
             found += sorted({(node.lineno, ".".join(n)) for n in names if n})
         elif isinstance(node, ast.Import):
             found += [(node.lineno, a.name.split(".", 1)[1]) for a in node.names
@@ -98,8 +97,7 @@ def test_the_checker_sees_upward_imports():
 def _module_of(parts: list[str]) -> str | None:
     """The nbdist module ``parts`` names (``cluster.core``; a package is its ``__init__``)."""
     while parts:
-        path = PKG.joinpath(*parts)
-        if path.with_suffix(".py").is_file() or (path / "__init__.py").is_file():
+        if _is_module(parts):
             return ".".join(parts)
         parts = parts[:-1]
     return None

@@ -9,7 +9,12 @@ that fails leaves the next one working. Real kernels, real worlds, torch's own R
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
+from conftest import free_port
 
 pytestmark = [pytest.mark.timeout(300)]
 
@@ -115,17 +120,11 @@ print(f"{said}, after: {rref_without_agent()}")
 
 def test_a_run_that_leaves_an_autograd_context_and_an_rref_runs_as_in_a_fresh_process(
         kernel, tmp_path):
-    import subprocess
-    import sys
-
     script = tmp_path / "leftovers.py"
     script.write_text("import os\nos.environ.update(RANK='0', WORLD_SIZE='1', MASTER_ADDR="
                       "'127.0.0.1', MASTER_PORT=os.environ['PORT'])\n" + LEFTOVERS)
-    from conftest import free_port
-
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                          timeout=120, env={**__import__("os").environ,
-                                            "PORT": str(free_port())})
+                          timeout=120, env={**os.environ, "PORT": str(free_port())})
     assert done.returncode == 0, done.stderr[-2000:]
     expected = "before: Current RPC agent is not set, context ok, after: an RRef"
     assert f"0 {expected}" in done.stdout, done.stdout  # the script: a fresh process a run

@@ -42,7 +42,6 @@ class _Generated(SphinxDirective):
         node = nodes.section()
         node.document = self.state.document
         nested_parse_with_titles(self.state, StringList(self.lines(), source="nbdist"), node)
-
         return node.children
 
 
@@ -80,9 +79,9 @@ class MagicsDirective(_Generated):
                 usage = parser.format_usage().replace("usage: ", "").strip()
                 out += ["```text", " ".join(usage.split()), "```", ""]
             out += doc.replace("%%", "%").splitlines() + [""]
-            if parser is not None and _flag_rows(parser):
-                out += _table(["flag", "what it does", "choices", "default"],
-                              _flag_rows(parser))
+            rows = _flag_rows(parser) if parser is not None else []
+            if rows:
+                out += _table(["flag", "what it does", "choices", "default"], rows)
         return out
 
 
