@@ -62,6 +62,9 @@ def _ready_in(out: str) -> float:
     return float(m.group(2))
 
 
+ROUNDING = 0.005  # the line prints two decimals: 1.505 s reads "1.51s"
+
+
 def test_load_ext_returns_at_once_with_both_imports_under_way(kernels):
     k = kernels()
     _, out = _timed(k, LOAD)
@@ -80,7 +83,7 @@ def test_load_ext_returns_at_once_with_both_imports_under_way(kernels):
     assert took <= LOAD_EXT_BUDGET * factor, report
     # from the call, not from later; before the call, loading torch's libraries on the
     # background thread may hold the GIL for a moment, longer on a loaded machine
-    assert waited - 0.3 * factor <= said <= waited, report
+    assert waited - 0.3 * factor <= said <= waited + ROUNDING, report
 
 
 def test_only_a_cell_that_names_torch_waits_for_its_import(kernels):
@@ -106,12 +109,12 @@ def test_start_line_counts_from_the_call_without_prewarm(kernels):
     said = _ready_in(out)
     _timed(k, "%dist_stop")
     # it used to start its clock after this process's import of torch: 1.5 s short here
-    assert waited - slack <= said <= waited, \
+    assert waited - slack <= said <= waited + ROUNDING, \
         f"waited {waited:.2f}s, the line said {said:.2f}s (slack {slack:.2f}s)"
     waited, out = _timed(k, "%dist_restart 2")
     said = _ready_in(out)
     _timed(k, "%dist_stop")
-    assert waited - slack <= said <= waited, \
+    assert waited - slack <= said <= waited + ROUNDING, \
         f"restart: waited {waited:.2f}s, said {said:.2f}s (slack {slack:.2f}s)"
 
 
