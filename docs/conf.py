@@ -17,10 +17,11 @@ extensions = [
     "sphinx.ext.autodoc",
     "sphinx.ext.napoleon",
     "nbdist_reference",  # the magics, errors and torch changes, generated from the code
+    "nbdist_tutorials",  # notebooks/ as pages, with the outputs of a run where there is one
 ]
 myst_heading_anchors = 3  # [text](page.md#a-heading) works as it does on GitHub
 myst_enable_extensions = ["colon_fence"]
-nb_execution_mode = "off"  # notebooks are shown as stored; `make demo` runs them
+nb_execution_mode = "off"  # pages show docs/execute_tutorials.py's executed copies
 exclude_patterns = ["_build", "Thumbs.db", ".DS_Store"]
 suppress_warnings = ["myst.header"]  # pages start at "#", sections may skip a level
 autodoc_member_order = "bysource"

@@ -93,3 +93,28 @@ def test_the_readme_fits_on_a_page_and_links_into_the_docs():
     assert len(readme.splitlines()) <= 200
     for target in re.findall(r"\]\((docs/[^)#]+)", readme):
         assert (ROOT / target).is_file(), f"README links to a missing page: {target}"
+
+
+def test_every_tutorial_has_a_page(site):
+    for nb in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+        page = site / "tutorials" / f"{nb.stem}.html"
+        assert page.is_file(), f"no page for {nb.name}"
+        assert nb.stem in (site / "tutorials.html").read_text(), f"tutorials.html omits {nb.stem}"
+
+
+def test_module_notes_name_files_that_exist():
+    """How it works' module notes follow the rooms: each ``name.py`` under a ``### `room/```
+    heading is a file of that room (or of the package's top)."""
+    text = (ROOT / "docs" / "how-it-works.md").read_text()
+    notes = text[text.index("## Module notes"):]
+    rooms: list[str] = []
+    missing = []
+    for line in notes.splitlines():
+        if line.startswith("### "):
+            rooms = re.findall(r"`([a-z_]+)/`", line)
+            continue
+        for name in re.findall(r"^- \*\*`([a-z_]+\.py)`\*\*", line):
+            places = [ROOT / "nbdist" / r / name for r in rooms] + [ROOT / "nbdist" / name]
+            if not any(p.is_file() for p in places):
+                missing.append(f"{name} under {rooms}")
+    assert not missing, f"how-it-works.md names files that are not there: {missing}"
