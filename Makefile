@@ -51,14 +51,16 @@ demo: $(STAMP)
 		--ExecutePreprocessor.timeout=600 --output-dir $(OUT) --output 00_quickstart.ipynb
 	@echo "executed notebook: $(OUT)/00_quickstart.ipynb"
 
-# The documentation site, offline, from the tree: docs/_build/html/index.html. `make test`
+# The documentation site, offline, from the tree: docs/_build/html/index.html, the tutorials
+# run first where no run of their cells as they are exists (docs/execute_tutorials.py). `make test`
 # builds it too (tests/test_docs.py: warnings are errors, every link and anchor checked).
 docs: $(STAMP)
+	$(BIN)/python docs/execute_tutorials.py
 	$(BIN)/python -m sphinx -W --keep-going -q -b html docs docs/_build/html
 	@echo "the site: docs/_build/html/index.html"
 
 test: $(STAMP) browser
-	$(BIN)/ruff check nbdist tests bench
+	$(BIN)/ruff check nbdist tests bench docs
 	NBDIST_CHROMIUM_MARKER=$(abspath $(VENV))/.chromium $(BIN)/python -m pytest -q
 
 # What a developer runs while working: no notebook runs, no browser, no long stress tests, no
@@ -104,9 +106,9 @@ bench: $(STAMP)
 	$(BIN)/python bench/lifecycle_stress.py
 
 lint: $(STAMP)
-	$(BIN)/ruff check nbdist tests bench
+	$(BIN)/ruff check nbdist tests bench docs
 
-# Headless Chromium for the dashboard's browser test. Where it is (or could be installed),
+# Headless Chromium for the browser tests (the dashboard, the docs site). Where it is (or could be installed),
 # its path goes to $(VENV)/.chromium and the browser test then fails rather than skip;
 # where it cannot be installed the test is skipped with its reason in the pytest summary.
 browser:

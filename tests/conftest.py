@@ -257,6 +257,27 @@ def cell_text(nb) -> str:
 
 # -- fixtures ---------------------------------------------------------------------------------
 @pytest.fixture
+def page():
+    """A headless Chromium page (Playwright with the system's Chromium, no download); skips
+    or fails as ``browser_helpers.chromium`` says where there is none."""
+    from browser_helpers import CHROMIUM_ARGS, chromium
+    from playwright.sync_api import sync_playwright
+
+    path = chromium()
+    pw = sync_playwright().start()
+    try:
+        browser = pw.chromium.launch(executable_path=path, args=CHROMIUM_ARGS,
+                                     headless=True)
+        try:
+            context = browser.new_context(viewport={"width": 1280, "height": 1600})
+            yield context.new_page()
+        finally:
+            browser.close()
+    finally:
+        pw.stop()
+
+
+@pytest.fixture
 def world():
     """A factory for in-process worlds: ``world(2, name="agent")``; always stopped after."""
     import nbdist

@@ -20,7 +20,6 @@ import json
 import os
 import re
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
@@ -31,12 +30,6 @@ from pathlib import Path
 import nbformat
 import pytest
 from conftest import ARTIFACTS, ROOT, child_pids, free_port, wait_gone, wait_until
-
-# written by `make browser` when Chromium is installed: its path
-MARKER = Path(os.environ.get("NBDIST_CHROMIUM_MARKER", ROOT / ".venv" / ".chromium"))
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu",
-                 "--disable-background-networking", "--disable-component-update",
-                 "--no-first-run", "--disable-sync"]
 
 STOP_FILE = "stop-logging"  # the logging cell runs until the test makes this file
 CELLS = [
@@ -50,21 +43,6 @@ CELLS = [
     "    rpc.rpc_sync('worker0', abs, args=(-i,))\n    i += 1\n    time.sleep(0.05)",
     "%dist_stop",
 ]
-
-
-def chromium() -> str:
-    """The Chromium to drive; skips (with the reason in the summary) where there is none,
-    fails where `make browser` installed one that is gone."""
-    installed = MARKER.read_text().strip() if MARKER.is_file() else None
-    path = os.environ.get("NBDIST_CHROMIUM") or installed or shutil.which("chromium")
-    if path and os.path.exists(path):
-        return path
-    if installed:
-        pytest.fail(f"`make browser` installed Chromium ({MARKER} says {installed}) but "
-                    f"{path} is missing: the browser test must run here, not be skipped",
-                    pytrace=False)
-    pytest.skip("browser test not run: Chromium not found (no `chromium` on PATH, no "
-                f"{MARKER}); `make browser` installs it with apt-get")
 
 
 def _api(base: str, token: str, path: str, method: str = "GET") -> object:
@@ -146,25 +124,6 @@ def lab(tmp_path, request):
             proc.kill()
             proc.wait(5)
         log.close()
-
-
-@pytest.fixture
-def page():
-    """A headless Chromium page (Playwright with the system's Chromium, no download)."""
-    path = chromium()
-    from playwright.sync_api import sync_playwright
-
-    pw = sync_playwright().start()
-    try:
-        browser = pw.chromium.launch(executable_path=path, args=CHROMIUM_ARGS,
-                                     headless=True)
-        try:
-            context = browser.new_context(viewport={"width": 1280, "height": 1600})
-            yield context.new_page()
-        finally:
-            browser.close()
-    finally:
-        pw.stop()
 
 
 def _prompt(page, index: int) -> str:

@@ -1,9 +1,9 @@
 """The tutorial notebooks as pages of the site, with their outputs where they were run.
 
 Before Sphinx looks for sources, ``docs/tutorials/`` (generated, git-ignored) is filled with
-one notebook per ``notebooks/NN_*.ipynb``: the executed copy ``docs/execute_tutorials.py``
-made (``make docs`` runs it) when it was made from the notebook as it is now, else the
-notebook as committed, whose page then says it was not run for this build.
+one notebook per ``notebooks/NN_*.ipynb``: an executed copy with the same cells (made by
+``docs/execute_tutorials.py``, which ``make docs`` runs, or by the tests), else the notebook
+as committed, whose page then says it was not run for this build.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from sphinx.config import Config
 
 DOCS = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(DOCS))
-from execute_tutorials import EXECUTED, NOTEBOOKS, is_current  # noqa: E402
+from execute_tutorials import NOTEBOOKS, current_run  # noqa: E402
 
 PAGES = DOCS / "tutorials"
 NOT_RUN = ("```{note}\nThis page shows the notebook as committed, without outputs: it was "
@@ -27,7 +27,7 @@ NOT_RUN = ("```{note}\nThis page shows the notebook as committed, without output
 __all__ = ["setup", "fill_pages"]
 
 
-def fill_pages(pages: Path = PAGES, executed: Path = EXECUTED) -> dict[str, bool]:
+def fill_pages(pages: Path = PAGES) -> dict[str, bool]:
     """Put each tutorial in ``pages``; returns ``{name: shown with outputs}``."""
     import nbformat
 
@@ -36,8 +36,8 @@ def fill_pages(pages: Path = PAGES, executed: Path = EXECUTED) -> dict[str, bool
     pages.mkdir(parents=True)
     shown = {}
     for source in sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb")):
-        ran = executed / source.name
-        if is_current(source, ran):
+        ran = current_run(source)
+        if ran is not None:
             shutil.copyfile(ran, pages / source.name)
             shown[source.name] = True
             continue

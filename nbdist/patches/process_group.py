@@ -5,8 +5,9 @@ store whatever ``init_method`` says, so no port is opened (torch's TCP store on 
 collides between notebooks and listens on every interface); rank 0 says so once per world.
 Otherwise the calls act as in a script, torch's errors included: members naming the same
 rendezvous and size meet (``rendezvous``); a default group the world made (``--process-group``)
-is taken by a call asking for exactly it and ended by any other, one an earlier cell left is
-ended by the next call; ``destroy_process_group`` ends the default group whoever made it and keeps
+is taken by a call asking for exactly it and ended by any other; a default group an earlier
+cell made or took and left is ended by the next call, which meets afresh (a script run again
+is a new process: its ranks may have destroyed their part or not); ``destroy_process_group`` ends the default group whoever made it and keeps
 destroyed groups alive (``graveyard``); a group larger than the world raises ``ValueError``; a
 user group waits at most ``--rpc-timeout`` unless the call gives a timeout.
 ``NBDIST_PATCH_PROCESS_GROUP=0`` leaves torch's functions alone; nbdist's own groups go through
@@ -65,6 +66,7 @@ class _InWorld:
     base: Any = None  # the world's store, made on first use
     said: bool = False  # the one line about ports was printed in this world
     borrowed: bool = False  # the user's init took the world's own group
+    borrowed_in: object = None  # the cell whose init took it (``_cell_now``)
     made: bool = False  # the default group now is one user code made here
     made_in: object = None  # the cell that made it (``_cell_now``)
     excepthook: Any = None  # before the user's init (torch wraps it at every init)
@@ -201,10 +203,16 @@ def init_process_group(*args: Any, **kwargs: Any) -> None:
     size, rank = _size_and_rank(member, a)
     _check(member, size)
     if _world_group_is_default():
-        if _matches(member, a["backend"], rank, size):
+        if world.borrowed and world.borrowed_in != _cell_now():
+            # an earlier cell took it and left it: a script run again starts without it. The
+            # other ranks may have ended their part (destroy_process_group), so it is not
+            # taken again: every rank meets afresh below, whichever it did.
+            _end_borrowed_group(member)
+        elif _matches(member, a["backend"], rank, size):
             _borrow(world)
             return None
-        _end_world_group()  # a script has no group before its own: this rank's world group goes
+        else:
+            _end_world_group()  # a script has no group before its own: this rank's goes
     if dist.is_initialized() and world.made and world.made_in != _cell_now():
         _end_earlier_group(member)  # a script run again starts clean
     if dist.is_initialized():  # the user's own group, still up: torch's "twice" error
@@ -287,6 +295,15 @@ def _end_earlier_group(member: Membership) -> None:
     destroy_own()
 
 
+def _end_borrowed_group(member: Membership) -> None:
+    """The world's own group, taken by an earlier cell's init and left, ends on this rank."""
+    if member.rank == 0:
+        print("nbdist: init_process_group ends the world's own process group an earlier cell "
+              "took and left, as that run's end would have; the ranks meet afresh",
+              file=sys.stderr)
+    _end_world_group()
+
+
 def _world_group_is_default() -> bool:
     import torch.distributed as dist
 
@@ -300,7 +317,7 @@ def _end_world_group() -> None:
     from here on the rank has no default group, as a script's process before its first."""
     world = _world()
     if world is not None:
-        world.own_group, world.borrowed = None, False
+        world.own_group, world.borrowed, world.borrowed_in = None, False, None
     destroy_own()
 
 
@@ -345,7 +362,7 @@ def _borrow(world: _InWorld) -> None:
         print(f"nbdist: init_process_group takes this world's own process group "
               f"({member.why}) as it is: same ranks, same backend, no port opened",
               file=sys.stderr)
-    world.borrowed = True
+    world.borrowed, world.borrowed_in = True, _cell_now()
 
 
 def _say_once(world: _InWorld, init_method: Any) -> None:

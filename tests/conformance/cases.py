@@ -355,6 +355,15 @@ state(WHO, "after init")
 t = torch.tensor([RANK * 1.0]); dist.all_reduce(t); record(WHO, "all_reduce", t.tolist())
 '''
 
+_SOME_DESTROY = TR + '''
+# as the master of torch's DDP-under-RPC test: every rank but the last destroys its group
+dist.init_process_group("gloo")
+t = torch.tensor([RANK + 1.0]); dist.all_reduce(t); record(WHO, "all_reduce", t.tolist())
+if RANK != int(os.environ["WORLD_SIZE"]) - 1:
+    dist.destroy_process_group()
+state(WHO, "at the end")
+'''
+
 _RAISE_AT_ONCE = TR + '''
 if RANK != 0:
     not_defined_on_this_rank()
@@ -494,6 +503,8 @@ CASES: list[Case] = [
     Case("pg_new_group_0_2", "torchrun", 3, "pg", _NEW_GROUP_02, row="6"),
     Case("pg_no_destroy", "torchrun", 3, "pg", _NO_DESTROY),
     Case("pg_after_no_destroy", "torchrun", 3, "pg", _INIT_DESTROY),
+    Case("pg_some_destroy", "torchrun", 3, "pg", _SOME_DESTROY),
+    Case("pg_after_some_destroy", "torchrun", 3, "pg", _INIT_DESTROY),
     Case("pg_collectives", "torchrun", 3, "pg", _COLLECTIVES),
     Case("pg_tutorial_setup_cleanup_spawn", "spawn", 2, "pg", _TUTORIAL_SPAWN),
     Case("pg_ddp_rpc_trainers_group", "spawn", 4, "pg", _DDP_RPC_SPAWN, row="3"),
@@ -502,6 +513,8 @@ CASES: list[Case] = [
     Case("norpc_destroy_at_end_of_main", "torchrun", 3, "norpc", _DESTROY_AT_END, row="1"),
     Case("norpc_destroy_then_two_of_three", "spawn", 3, "norpc", _TWO_OF_THREE, row="2"),
     Case("norpc_collectives", "torchrun", 3, "norpc", _COLLECTIVES),
+    Case("norpc_some_destroy", "torchrun", 3, "norpc", _SOME_DESTROY),
+    Case("norpc_after_some_destroy", "torchrun", 3, "norpc", _INIT_DESTROY),
     Case("norpc_spawn_raises", "spawn", 3, "norpc", _SPAWN_RAISES),
     Case("norpc_subgroups", "torchrun", 4, "norpc", _SUBGROUPS),
 ]
