@@ -161,3 +161,27 @@ def test_a_run_that_leaves_its_agent_up_runs_again(kernel):
         assert rep.status == "ok" and rep.stdout.count("down") == 3, rep.stdout
     finally:
         kernel.execute("%dist_stop", timeout=60)
+
+
+def test_after_a_world_grows_the_run_meets_on_kept_and_new_ranks(kernel):
+    """A kept rank has counted every ``init_rpc`` and every graceful ``shutdown`` before; a
+    rank the ``--keep`` restart added has counted none. torch names its rendezvous keys and
+    its shutdown barrier's keys from those counts, so the run after growing hung in
+    ``init_rpc`` (kept ranks at ``rpc_prefix_1``, the new one at ``rpc_prefix_0``) and then,
+    with those aligned, in ``shutdown`` ("Wait timeout": the barrier's keys). As a script,
+    every process is new and counts from 0."""
+    kernel.execute("%load_ext nbdist")
+    rep = kernel.execute("%dist_start 2 --no-rpc", timeout=120)
+    assert rep.status == "ok", rep.stderr
+    try:
+        rep = _run(kernel, 0)
+        assert rep.status == "ok", (rep.stdout, rep.stderr, rep.error)
+        rep = kernel.execute("%dist_restart 3 --keep", timeout=120)
+        assert rep.status == "ok" and "fresh: 3 (new)" in rep.stdout, rep.stdout + rep.stderr
+        for run_id in (1, 2):
+            rep = _run(kernel, run_id)
+            assert rep.status == "ok", (run_id, rep.stdout, rep.stderr, rep.error)
+            assert f"run {run_id} rank 0 [2.0, 2.0]" in rep.stdout, rep.stdout
+            assert f"[worker3] run {run_id} rank 3 [8.0, 8.0]" in rep.stdout, rep.stdout
+    finally:
+        kernel.execute("%dist_stop", timeout=60)

@@ -35,6 +35,7 @@ def run_with_local(cluster: Any, shell: Any, cell: str, targets: list[int],
     exec_id = cluster.send_cell(cell, targets)
     watch = FailFast(cluster, exec_id, targets, shell) if fail_fast else None
     outcome = None
+    shell.nbdist_local_exec_id = exec_id  # rank 0 runs the cell the workers run by this id
     try:
         with watch.rank0() if watch is not None else contextlib.nullcontext():
             outcome = shell.run_cell(cell, store_history=False)
@@ -43,6 +44,8 @@ def run_with_local(cluster: Any, shell: Any, cell: str, targets: list[int],
             cluster.interrupt(targets)
             cluster.collect(exec_id, targets, 0.5)
             raise
+    finally:
+        shell.nbdist_local_exec_id = None
     failed_here = outcome is None or not outcome.success
     interrupted = fail_fast and (failed_here or watch is not None and watch.first is not None)
     if watch is not None and watch.first is not None:

@@ -7,9 +7,10 @@ Otherwise the calls act as in a script, torch's errors included: members naming 
 rendezvous and size meet (``rendezvous``); a default group the world made (``--process-group``)
 is taken by a call asking for exactly it and ended by any other; a default group an earlier
 cell made or took and left is ended by the next call, which meets afresh (a script run again
-is a new process: its ranks may have destroyed their part or not); ``destroy_process_group`` ends the default group whoever made it and keeps
-destroyed groups alive (``graveyard``); a group larger than the world raises ``ValueError``; a
-user group waits at most ``--rpc-timeout`` unless the call gives a timeout.
+is a new process: its ranks may have destroyed their part or not); ``destroy_process_group``
+ends the default group whoever made it and keeps destroyed groups alive (``graveyard``); a
+group larger than the world raises ``ValueError``; a user group waits at most
+``--rpc-timeout`` unless the call gives a timeout.
 ``NBDIST_PATCH_PROCESS_GROUP=0`` leaves torch's functions alone; nbdist's own groups go through
 ``torch_init`` and ``destroy_own``.
 """

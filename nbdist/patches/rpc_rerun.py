@@ -24,8 +24,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["after_cell", "cell_ended", "cell_started", "end_agent", "install", "started_here",
-           "world_agent_joins"]
+__all__ = ["CELL_KEYS", "after_cell", "cell_ended", "cell_started", "end_agent", "install",
+           "started_here", "world_agent_joins", "world_cell"]
 
 
 @dataclass
@@ -38,9 +38,15 @@ class _UserAgent:
     # rank 0's store is a listening TCP server)
     this_cell: bool = False  # made by the cell running now
     installed: bool = False
+    keys_of: object = None  # the world cell whose first init_rpc set ``_init_counter``
 
 
 _AGENT_PER_PROCESS = _UserAgent()
+#: the first ``init_rpc`` of a world cell names its rendezvous keys from the cell's id, the
+#: same on every rank, kept or new: a rank kept through ``%dist_restart --keep`` has counted
+#: every earlier ``init_rpc``, a new one none, and torch's ``rpc_prefix_<count>`` keys would
+#: not meet. Far above torch's own count and ``spawn``'s keys; each cell has 2**16 inits.
+CELL_KEYS = 1 << 32
 END_TIMEOUT = 30.0  # seconds the agent of a failed cell has to shut down
 _lock = threading.Lock()
 
@@ -73,6 +79,7 @@ def _wrap(init_rpc: Any) -> Any:
         before = bool(api._is_current_rpc_agent_set())  # the world's: torch refuses below
         if not before:
             _forget_last_agent()
+            _name_keys_by_cell()
         _AGENT_PER_PROCESS.ran = True
         try:
             result = init_rpc(*args, **kwargs)
@@ -96,6 +103,34 @@ def _forget_last_agent() -> None:
     rpc_hooks.reset_world_state(keep_init_counter=True)
     _leave_autograd_context()
     gc.collect()  # the last rendezvous's store (a TCP server on rank 0) must not serve on
+
+
+def world_cell() -> int | None:
+    """The id of the world cell this process runs now, the same on every rank of the world
+    (a ``%%dist`` cell's id; rank 0's under ``--local``); None outside one."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    if shell is None:
+        return None
+    return getattr(shell, "nbdist_local_exec_id", None) or getattr(shell, "nbdist_exec_id", None)
+
+
+def _name_keys_by_cell() -> None:
+    """In a world cell, its first ``init_rpc`` counts its keys from the cell's id, so every
+    rank names them alike (``CELL_KEYS``), and its graceful shutdown's barrier keys from 0
+    (``rpc_barrier``: a kept rank has advanced them, a new one not; under the cell's own keys
+    they meet nothing of before); later inits in the cell count on, as torch does."""
+    cell = world_cell()
+    if cell is None or _AGENT_PER_PROCESS.keys_of == cell:
+        return
+    import torch.distributed.rpc as rpc
+
+    from . import rpc_barrier
+
+    with rpc._init_counter_lock:
+        rpc._init_counter = CELL_KEYS + (cell << 16)
+    rpc_barrier.restart()
+    _AGENT_PER_PROCESS.keys_of = cell
 
 
 def _leave_autograd_context() -> None:
