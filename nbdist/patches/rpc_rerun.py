@@ -9,7 +9,9 @@ thread"). ``install()`` wraps ``rpc.init_rpc``: with no agent up, that state is 
 first (an agent an earlier cell started and left up is shut down first, locally, and said);
 so is it when the next cell starts (``cell_started``), as the next run of a script is a
 fresh process (an ``RRef`` made there before any ``init_rpc`` raises "Current RPC agent is not
-set"; within one run torch's own behaviour after ``shutdown`` is kept). A cell that fails with
+set"; within one run torch's own behaviour after ``shutdown`` is kept). In a world cell the
+first ``init_rpc`` numbers its keys from the cell's id (``world_cell``), the same on ranks
+kept through a ``--keep`` restart and on new ones, whose own counts differ. A cell that fails with
 an agent it started still up ends that agent (``cell_ended``), as the failed script's process
 would have ended.
 """
