@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["CELL_KEYS", "after_cell", "cell_ended", "cell_started", "end_agent", "install",
-           "started_here", "world_agent_joins", "world_cell"]
+           "keys_named_here", "started_here", "world_agent_joins", "world_cell"]
 
 
 @dataclass
@@ -133,6 +133,12 @@ def _name_keys_by_cell() -> None:
         rpc._init_counter = CELL_KEYS + (cell << 16)
     rpc_barrier.restart()
     _AGENT_PER_PROCESS.keys_of = cell
+
+
+def keys_named_here() -> None:
+    """The caller numbered this cell's ``init_rpc`` keys alike on every rank (``mp.spawn``
+    in a world: by the spawn's generation); the cell's own numbering is not applied."""
+    _AGENT_PER_PROCESS.keys_of = world_cell()
 
 
 def _leave_autograd_context() -> None:
