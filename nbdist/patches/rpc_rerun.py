@@ -80,8 +80,7 @@ def _wrap(init_rpc: Any) -> Any:
                   "afresh, as the script's next run would", file=sys.stderr)
         before = bool(api._is_current_rpc_agent_set())  # the world's: torch refuses below
         if not before:
-            _forget_last_agent()
-            _name_keys_by_cell()
+            _forget_last_agent(_cell_keys())
         _AGENT_PER_PROCESS.ran = True
         try:
             result = init_rpc(*args, **kwargs)
@@ -95,14 +94,18 @@ def _wrap(init_rpc: Any) -> Any:
     return wrapper
 
 
-def _forget_last_agent() -> None:
+def _forget_last_agent(init_count: int | None = None) -> None:
     """What an earlier agent of this process left: its RRef context, rendezvous and
-    all-gather counters (``_init_counter`` is kept: the world's store may hold its keys)."""
-    from . import rpc_hooks, rref_reset
+    all-gather counters. ``init_count``: the next ``init_rpc``'s keys count from there and
+    its shutdown barrier's from 0 (``rpc_barrier``); None keeps torch's counts (the world's
+    store may hold keys of theirs)."""
+    from . import rpc_barrier, rpc_hooks, rref_reset
 
     _AGENT_PER_PROCESS.up = _AGENT_PER_PROCESS.ran = False
     rref_reset.reset_singleton()
-    rpc_hooks.reset_world_state(keep_init_counter=True)
+    rpc_hooks.reset_world_state(init_count or 0, keep_init_counter=init_count is None)
+    if init_count is not None:
+        rpc_barrier.restart()
     _leave_autograd_context()
     gc.collect()  # the last rendezvous's store (a TCP server on rank 0) must not serve on
 
@@ -117,22 +120,15 @@ def world_cell() -> int | None:
     return getattr(shell, "nbdist_local_exec_id", None) or getattr(shell, "nbdist_exec_id", None)
 
 
-def _name_keys_by_cell() -> None:
-    """In a world cell, its first ``init_rpc`` counts its keys from the cell's id, so every
-    rank names them alike (``CELL_KEYS``), and its graceful shutdown's barrier keys from 0
-    (``rpc_barrier``: a kept rank has advanced them, a new one not; under the cell's own keys
-    they meet nothing of before); later inits in the cell count on, as torch does."""
+def _cell_keys() -> int | None:
+    """Where a world cell's first ``init_rpc`` counts its keys from: the cell's id, so every
+    rank names them alike (``CELL_KEYS``), kept or new; None outside a world cell and for
+    the cell's later inits, which count on as torch does."""
     cell = world_cell()
     if cell is None or _AGENT_PER_PROCESS.keys_of == cell:
-        return
-    import torch.distributed.rpc as rpc
-
-    from . import rpc_barrier
-
-    with rpc._init_counter_lock:
-        rpc._init_counter = CELL_KEYS + (cell << 16)
-    rpc_barrier.restart()
+        return None
     _AGENT_PER_PROCESS.keys_of = cell
+    return CELL_KEYS + (cell << 16)
 
 
 def keys_named_here() -> None:
