@@ -17,7 +17,13 @@ class Intended:
     why: str
 
 
-INTENDED: list[Intended] = []
+INTENDED: list[Intended] = [
+    Intended("script", "TensorPipeRpcTest.test_rref_str", "fail", "pass",
+             "the test reads the first RRef id of a fresh process (local_id=0); a rank that ran "
+             "earlier runs keeps counting RRef ids on, so that an RRef a notebook variable "
+             "still holds from an earlier run names nothing in the next one (a script's next "
+             "run is a new process and holds none)"),
+]
 
 # Tests whose outcome changes from run to run in processes that keep RPC up, with what they
 # race, read from both sides' records: each was seen ending both ways across whole-pool runs,
