@@ -101,7 +101,8 @@ def test_a_kernel_without_a_world_runs_it_twice(kernel):
 # (counted by the next run's _get_debug_info: torch's test_debug_info), and an RRef context
 # that, after shutdown, still makes RRefs with no agent (torch keeps that within a run; a
 # fresh process, the next run of a script, raises "Current RPC agent is not set")
-LEFTOVERS = """import os, threading, torch, torch.distributed.rpc as rpc, torch.distributed.autograd as da
+LEFTOVERS = """import os, threading, torch
+import torch.distributed.rpc as rpc, torch.distributed.autograd as da
 rank, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 def rref_without_agent():
     try:

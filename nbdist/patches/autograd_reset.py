@@ -15,34 +15,19 @@ where no RPC agent runs. The statics are found by name in libtorch's ELF symbol 
 from __future__ import annotations
 
 import ctypes
-import sys
-from functools import lru_cache
 
-from .elf_symbols import elf_symbols, libtorch_cpu
+from .elf_symbols import in_libtorch
 
 __all__ = ["available", "renew"]
 
-_ANCHOR = "_ZN5torch11distributed3rpc11RRefContext11getInstanceEv"  # exported: gives the base
 _STATIC = "N5torch11distributed8autograd21DistAutogradContainer19getInstanceInternalEvE9container"
 _HOLDER = "_ZZ" + _STATIC  # the function-local ``static DistAutogradContainer* container``
 _GUARD = "_ZGVZ" + _STATIC  # ... and its initialisation guard
 
 
-@lru_cache(maxsize=1)
-def _addresses() -> tuple[int, int] | None:
+def _addresses() -> tuple[int, ...] | None:
     """Runtime addresses of the singleton's pointer and its initialisation guard, or None."""
-    if not sys.platform.startswith("linux"):
-        return None
-    path = libtorch_cpu()
-    try:
-        syms = elf_symbols(path, [_ANCHOR, _HOLDER, _GUARD])
-        anchor = ctypes.cast(getattr(ctypes.CDLL(path), _ANCHOR), ctypes.c_void_p).value
-    except (OSError, AttributeError, ValueError):
-        return None
-    if len(syms) != 3 or not anchor:
-        return None
-    base = anchor - syms[_ANCHOR]
-    return base + syms[_HOLDER], base + syms[_GUARD]
+    return in_libtorch(_HOLDER, _GUARD)
 
 
 def available() -> bool:

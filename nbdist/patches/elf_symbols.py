@@ -1,13 +1,19 @@
 """Symbols of libtorch's ELF symbol table, for the few process-wide statics nbdist must reset
-between worlds (``rref_reset``, ``tp_address``)."""
+between worlds (``rref_reset``, ``rpc_barrier``, ``autograd_reset``, ``tp_address``)."""
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 import struct
+import sys
+from functools import cache
 
-__all__ = ["elf_symbols", "libtorch_cpu"]
+__all__ = ["elf_symbols", "in_libtorch", "libtorch_cpu"]
+
+# an exported function of libtorch_cpu.so: where the dynamic loader put it gives the base
+_ANCHOR = "_ZN5torch11distributed3rpc11RRefContext11getInstanceEv"
 
 
 def libtorch_cpu() -> str:
@@ -45,3 +51,21 @@ def elf_symbols(path: str, names: list[str]) -> dict[str, int]:
         found = {wanted[int(table["name"][i])]: int(table["value"][i]) for i in hits}
         del table
         return found
+
+
+@cache
+def in_libtorch(*names: str) -> tuple[int, ...] | None:
+    """Where each named symbol of the loaded ``libtorch_cpu.so`` lies in this process, in the
+    order given; None off Linux or if any is missing (another torch build)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    path = libtorch_cpu()
+    try:
+        syms = elf_symbols(path, [_ANCHOR, *names])
+        anchor = ctypes.cast(getattr(ctypes.CDLL(path), _ANCHOR), ctypes.c_void_p).value
+    except (OSError, AttributeError, ValueError):
+        return None
+    if len(syms) != len({_ANCHOR, *names}) or not anchor:
+        return None
+    base = anchor - syms[_ANCHOR]
+    return tuple(base + syms[name] for name in names)

@@ -12,30 +12,17 @@ table, as ``rref_reset`` finds its own.
 from __future__ import annotations
 
 import ctypes
-import sys
-from functools import lru_cache
 
-from .elf_symbols import elf_symbols, libtorch_cpu
+from .elf_symbols import in_libtorch
 
 __all__ = ["available", "restart"]
 
-_ANCHOR = "_ZN5torch11distributed3rpc11RRefContext11getInstanceEv"  # exported: gives the base
 _BARRIER_ID = "_ZN5torch11distributed3rpcL9barrierIdE"  # static std::atomic<int>
 
 
-@lru_cache(maxsize=1)
 def _address() -> int | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    path = libtorch_cpu()
-    try:
-        syms = elf_symbols(path, [_ANCHOR, _BARRIER_ID])
-        anchor = ctypes.cast(getattr(ctypes.CDLL(path), _ANCHOR), ctypes.c_void_p).value
-    except (OSError, AttributeError, ValueError):
-        return None
-    if len(syms) != 2 or not anchor:
-        return None
-    return anchor - syms[_ANCHOR] + syms[_BARRIER_ID]
+    found = in_libtorch(_BARRIER_ID)
+    return found[0] if found else None
 
 
 def available() -> bool:

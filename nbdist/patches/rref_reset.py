@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import ctypes
 import re
-import sys
-from functools import lru_cache
 
-from .elf_symbols import elf_symbols as _elf_symbols, libtorch_cpu as _libtorch_cpu
+from .elf_symbols import in_libtorch, libtorch_cpu as _libtorch_cpu
 
 __all__ = ["available", "next_id", "reset_singleton", "start_ids_at"]
 
@@ -28,22 +26,9 @@ _DTOR = "_ZN5torch11distributed3rpc11RRefContextD1Ev"
 _LOCAL_ID = re.compile(r"local_id=(\d+)")
 
 
-@lru_cache(maxsize=1)
-def _addresses() -> tuple[int, int, int] | None:
+def _addresses() -> tuple[int, ...] | None:
     """Runtime addresses of the singleton pointer, its guard and the id counter, or None."""
-    if not sys.platform.startswith("linux"):
-        return None
-    path = _libtorch_cpu()
-    try:
-        syms = _elf_symbols(path, [_GET, _CTX, _GUARD, _NEXT_ID])
-        lib = ctypes.CDLL(path)
-        get_addr = ctypes.cast(getattr(lib, _GET), ctypes.c_void_p).value
-    except (OSError, AttributeError, ValueError):
-        return None
-    if len(syms) != 4 or not get_addr:
-        return None
-    base = get_addr - syms[_GET]
-    return base + syms[_CTX], base + syms[_GUARD], base + syms[_NEXT_ID]
+    return in_libtorch(_CTX, _GUARD, _NEXT_ID)
 
 
 def available() -> bool:

@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import ctypes
 import ipaddress
-import sys
-from functools import lru_cache
 
-from .elf_symbols import elf_symbols, libtorch_cpu
+from .elf_symbols import in_libtorch
 
 __all__ = ["current", "pin"]
 
@@ -26,21 +24,9 @@ _GUARD = "_ZGVZN5torch11distributed3rpc15TensorPipeAgent12guessAddressB5cxx11EvE
 _INLINE = 15  # characters std::string (libstdc++, C++11 ABI) holds without allocating
 
 
-@lru_cache(maxsize=1)
-def _addresses() -> tuple[int, int] | None:
+def _addresses() -> tuple[int, ...] | None:
     """Runtime addresses of the cached std::string and its initialisation guard, or None."""
-    if not sys.platform.startswith("linux"):
-        return None
-    path = libtorch_cpu()
-    try:
-        syms = elf_symbols(path, [_FN, _VALUE, _GUARD])
-        fn = ctypes.cast(getattr(ctypes.CDLL(path), _FN), ctypes.c_void_p).value
-    except (OSError, AttributeError, ValueError):
-        return None
-    if len(syms) != 3 or not fn:
-        return None
-    base = fn - syms[_FN]
-    return base + syms[_VALUE], base + syms[_GUARD]
+    return in_libtorch(_VALUE, _GUARD)
 
 
 def current() -> str | None:
