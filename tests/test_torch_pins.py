@@ -204,7 +204,7 @@ def test_every_private_torch_name_in_the_source_is_in_the_registry():
 FAKE_MISSING = r'''
 import sys
 from nbdist.patches import torch_private as tp
-tp._found = [(p, "missing") for p in tp.PRIVATES if p.feature in sys.argv[1].split(",")]
+tp._looked_up = lambda: [(p, "missing") for p in tp.PRIVATES if p.feature in sys.argv[1].split(",")]
 import torch.distributed.rpc as rpc
 from torch.distributed.rpc import api, internal
 pickler = internal._internal_rpc_pickler
@@ -245,7 +245,7 @@ def test_missing_names_turn_their_features_off_with_one_line_each():
 LOAD_EXT = r"""
 import sys
 from nbdist.patches import torch_private as tp
-tp._found = [(p, "missing") for p in tp.PRIVATES if p.feature in ("callee", "tracing")]
+tp._looked_up = lambda: [(p, "missing") for p in tp.PRIVATES if p.feature in ("callee", "tracing")]
 if sys.argv[1] == "torch-first":
     import torch.distributed.rpc
 from IPython.testing.globalipapp import get_ipython

@@ -19,6 +19,8 @@ import threading
 import warnings
 from typing import Any
 
+from .installed import first_time, has
+
 __all__ = ["GLOO_CONNECTED", "MAX_PARTIAL", "NOISE_BLOCK", "NOISE_LINE", "WARNINGS",
            "drop_stdout_noise", "filter_chunk", "filter_lines", "hide_warnings", "install",
            "installed"]
@@ -54,7 +56,6 @@ def drop_stdout_noise(text: str, held: str = "") -> tuple[str, str]:
 
 
 MAX_PARTIAL = 64 * 1024  # bytes of an unfinished line held back, at most
-_installed = False
 
 
 def filter_lines(lines: list[bytes], in_block: bool) -> tuple[list[bytes], bool]:
@@ -75,8 +76,7 @@ def filter_lines(lines: list[bytes], in_block: bool) -> tuple[list[bytes], bool]
 
 def install() -> None:
     """Filter this process's fd 2 from now on (idempotent; POSIX only)."""
-    global _installed
-    if _installed or os.name != "posix":
+    if os.name != "posix" or not first_time("quiet"):
         return
     saved = os.dup(2)
     r, w = os.pipe()
@@ -84,11 +84,10 @@ def install() -> None:
     os.close(w)
     threading.Thread(target=_pump, args=(r, saved), daemon=True,
                      name="nbdist-stderr-filter").start()
-    _installed = True
 
 
 def installed() -> bool:
-    return _installed
+    return has("quiet")
 
 
 def _pump(r: int, out: int) -> None:

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 from .. import world_state
 from . import torch_private
+from .installed import HOOKS, first_time
 from .thread_states import pin
 
 __all__ = [
@@ -47,10 +48,6 @@ __all__ = [
 _active_lock = threading.RLock()
 _active: dict[int, set[object]] = {}
 _hit: set[int] = set()  # threads an interrupt was injected into that have not dropped it yet
-_after_call: Callable[[], None] | None = None
-_on_failure: Callable[[BaseException, Any], None] | None = None
-_caller_installed = False
-_callee_installed = False
 
 class WorldHooks(Protocol):
     """What rank 0's RPC calls ask of the world they run in (``dest``: a rank, name or
@@ -105,8 +102,7 @@ def last_failed_destination() -> Any:
 def set_on_failure(hook: Callable[[BaseException, Any], None] | None) -> None:
     """``hook(exc, traceback)`` is told of each exception an RPC function on this rank raised
     (the worker keeps the last one for post-mortem debugging)."""
-    global _on_failure
-    _on_failure = hook
+    HOOKS.on_failure = hook
 
 
 def wait_future(fut: Any, dest: Any = None, poll: float = 0.1) -> Any:
@@ -231,8 +227,7 @@ def _explained(fn: Callable) -> Callable:
 def install_caller() -> None:
     """Route ``rpc.rpc_sync`` through ``wait_future`` (idempotent); ``rpc_sync``,
     ``rpc_async`` and ``remote`` name ``--device-maps`` when a CUDA tensor has no map."""
-    global _caller_installed
-    if _caller_installed or not torch_private.usable("caller"):
+    if not torch_private.usable("caller") or not first_time("rpc_hooks.caller"):
         return
     import torch.distributed.rpc as rpc
     from torch.distributed.rpc import api
@@ -270,7 +265,6 @@ def install_caller() -> None:
         wrapped = _explained(getattr(api, name))
         setattr(api, name, wrapped)
         setattr(rpc, name, wrapped)
-    _caller_installed = True
 
 
 def install_callee(after_call: Callable[[], None] | None = None) -> None:
@@ -279,15 +273,13 @@ def install_callee(after_call: Callable[[], None] | None = None) -> None:
     ``after_call`` runs when each function returns, before the reply is sent (workers use it
     to flush printed output, so it reaches the notebook ahead of the RPC's result).
     """
-    global _callee_installed, _after_call
     if after_call is not None:
-        _after_call = after_call
-    if _callee_installed or not torch_private.usable("callee"):
+        HOOKS.after_call = after_call
+    if not torch_private.usable("callee") or not first_time("rpc_hooks.callee"):
         return
     from torch.distributed.rpc import internal
 
     internal._run_function = _run_function
-    _callee_installed = True
 
 
 def _run_function(python_udf: Any) -> Any:
@@ -351,7 +343,7 @@ def _leave(tid: int, token: object) -> None:
 
 def _call_after_call() -> None:
     """Run the ``after_call`` hook; its failure must not replace the function's outcome."""
-    hook = _after_call
+    hook = HOOKS.after_call
     if hook is None:
         return
     try:
@@ -370,7 +362,7 @@ def _remote_exception(exc: BaseException) -> Any:
     from torch.distributed.rpc import internal
 
     tb = exc.__traceback__.tb_next if exc.__traceback__ else None  # not _run_function's frame
-    hook = _on_failure
+    hook = HOOKS.on_failure
     if hook is not None:
         try:
             hook(exc, tb)

@@ -16,6 +16,7 @@ from typing import Any
 
 from ..envflag import switched_on
 from . import torch_private
+from .installed import first_time
 
 __all__ = ["ENV", "install", "pin"]
 
@@ -31,7 +32,6 @@ class _Pinned(threading.local):
 
 _local = _Pinned()
 _ensure = ctypes.pythonapi.PyGILState_Ensure
-_installed = False
 
 
 def pin() -> None:
@@ -44,9 +44,9 @@ def pin() -> None:
 
 def install() -> None:
     """Pin each thread that unpickles an RPC message in this process (idempotent)."""
-    global _installed
     _Pinned.done = not switched_on(ENV)  # off: every thread reads "pinned", pin() does nothing
-    if _Pinned.done or _installed or not torch_private.usable("thread_states"):
+    if (_Pinned.done or not torch_private.usable("thread_states")
+            or not first_time("thread_states")):
         return
     from torch.distributed.rpc import internal
 
@@ -58,4 +58,3 @@ def install() -> None:
         return deserialize(binary_data, tensor_table)
 
     pickler.deserialize = deserialize_pinned
-    _installed = True

@@ -18,7 +18,10 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import cache
 from typing import Any
+
+from .installed import first_time
 
 __all__ = ["FEATURES", "PRIVATES", "VERIFIED", "Private", "problems", "report", "report_once",
            "usable"]
@@ -270,7 +273,6 @@ PRIVATES: tuple[Private, ...] = (
 )
 
 _lock_once = threading.Lock()
-_found: list[tuple[Private, str]] | None = None  # (entry, what is wrong) once looked up
 
 
 def _look(p: Private) -> str | None:
@@ -294,12 +296,13 @@ def _look(p: Private) -> str | None:
 
 def problems() -> list[tuple[Private, str]]:
     """Every listed name that is missing or changed on this torch (looked up once)."""
-    global _found
-    if _found is None:
-        with _lock_once:
-            if _found is None:
-                _found = [(p, wrong) for p in PRIVATES if (wrong := _look(p)) is not None]
-    return _found
+    with _lock_once:
+        return _looked_up()
+
+
+@cache
+def _looked_up() -> list[tuple[Private, str]]:
+    return [(p, wrong) for p in PRIVATES if (wrong := _look(p)) is not None]
 
 
 def usable(feature: str) -> bool:
@@ -330,14 +333,6 @@ def report() -> list[str]:
     return lines
 
 
-_reported = False
-
-
 def report_once() -> list[str]:
     """``report()`` the first time it is called in this process, nothing afterwards."""
-    global _reported
-    with _lock_once:
-        if _reported:
-            return []
-        _reported = True
-    return report()
+    return report() if first_time("torch_private.report") else []

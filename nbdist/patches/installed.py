@@ -1,0 +1,47 @@
+"""What this process has installed, once: patches of torch, of the process's stderr, and the
+hooks they call.
+
+A patch lasts as long as the process that installed it (torch's modules and file descriptors
+are per process, not per world), so this record is the one place such state lives outside
+``world_state``: each ``install()`` asks ``first_time(name)``, each hook is a field of
+``HOOKS``. A forked child inherits both, as it inherits the patched modules.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["HOOKS", "Hooks", "first_time", "has"]
+
+_DONE: set[str] = set()
+_LOCK = threading.Lock()
+
+
+def first_time(name: str) -> bool:
+    """True once per process for ``name`` (the caller installs it then), False afterwards."""
+    with _LOCK:
+        if name in _DONE:
+            return False
+        _DONE.add(name)
+        return True
+
+
+def has(name: str) -> bool:
+    """Whether ``name`` was installed in this process."""
+    return name in _DONE
+
+
+@dataclass
+class Hooks:
+    """What the installed RPC patches call into, set by the process that owns them (the
+    worker): ``after_call()`` when an RPC function returns, before its reply;
+    ``on_failure(exc, traceback)`` for each exception one raised."""
+
+    after_call: Callable[[], None] | None = None
+    on_failure: Callable[[BaseException, Any], None] | None = None
+
+
+HOOKS = Hooks()
