@@ -102,7 +102,7 @@ def test_a_world_leaves_nothing_of_itself(world, monkeypatch):
     c.stop()
     assert world_state.current()._parts == {}, "a part of the stopped world stayed"
     assert shm.usage() is None and rpc_hooks.last_failed_destination() is None
-    assert not tracing._on and sync._state() == {}
+    assert not tracing._SWITCH_PER_PROCESS.on and sync._state() == {}
     c = world(1)  # and the next world works from nothing
     assert torch.equal(rpc.rpc_sync("worker1", _plus_one, args=(big,)), big + 1)
     assert shm.usage()["sent"] >= 1

@@ -30,13 +30,13 @@ from typing import Any
 import cloudpickle
 
 from ..patches import torch_private
+from ..patches.installed import first_time, has
 from ..shipping import fresh_locks, own_main, per_rank, unpicklable
 from ..shm import transport as shm
 from .code_filename import reduce_code
 
 __all__ = ["CODE_WAIT", "dumps", "forget_peers", "install", "installed", "register_patched"]
 
-_installed = False
 
 
 _SUBMODULE_CACHE: dict = {}
@@ -482,24 +482,33 @@ def _rpc_pickler(owner: Any, f: io.BytesIO, obj: Any, dest: str | None = None,
                  direct: frozenset[int] = frozenset()) -> ShippingPickler:
     """A ShippingPickler with torch's RPC reducers (tensors, RRefs, ScriptModules) in front."""
     table = _dispatch_table(owner)
-    if _ScriptModule is not None and isinstance(obj, _ScriptModule):
+    script_module = _TORCH_PER_PROCESS.ScriptModule
+    if script_module is not None and isinstance(obj, script_module):
         table = {**table, obj.__class__: owner._script_module_reducer}
     return ShippingPickler(f, protocol=pickle.HIGHEST_PROTOCOL, dispatch_table=table, dest=dest,
                            direct=direct)
 
 
-_ScriptModule: Any = None
-_PythonUDF: Any = None
+class _TorchNames:
+    """Per process: what the RPC pickler compares with and writes to, taken from torch once
+    ``install`` patches it."""
+
+    ScriptModule: Any = None
+    PythonUDF: Any = None
+    thread_tables: Any = None  # torch's thread-local tensor tables
+
+
+_TORCH_PER_PROCESS = _TorchNames()
 
 
 def _serialize(self: Any, obj: Any) -> tuple[bytes, list]:
     """Drop-in for ``_InternalRPCPickler.serialize`` (same tensor-table protocol)."""
-    tables = _thread_tables
+    tables = _TORCH_PER_PROCESS.thread_tables
     old = getattr(tables, "send_tables", None)
     tables.send_tables = []
     tls = _tls
     tls.pending = None
-    if type(obj) is _PythonUDF:  # a request: code once per peer
+    if type(obj) is _TORCH_PER_PROCESS.PythonUDF:  # a request: code once per peer
         dest = tls.dest
         direct = frozenset(map(id, (*(obj.args or ()), *(obj.kwargs or {}).values())))
     else:
@@ -526,9 +535,6 @@ def _serialize(self: Any, obj: Any) -> tuple[bytes, list]:
     if pickler.new_codes or pickler.new_values:
         tls.pending = (dest, pickler.new_codes, pickler.new_values)
     return f.getvalue(), tensors
-
-
-_thread_tables: Any = None
 
 
 def _wrap_to_worker_info(orig: Callable) -> Callable:
@@ -620,25 +626,24 @@ def _travels_by_value(obj: Any) -> bool:
 def install() -> None:
     """Make torch RPC ship notebook-defined code by value in this process (idempotent); every
     call (each new world) also forgets which code the peers hold."""
-    global _installed, _ScriptModule, _PythonUDF, _thread_tables
     forget_peers()
-    if _installed or not torch_private.usable("shipping"):
+    if not torch_private.usable("shipping") or not first_time("shipping"):
         return
     import torch
     from torch.distributed.rpc import api, internal
 
-    _ScriptModule = torch.jit.ScriptModule
-    _PythonUDF = internal.PythonUDF
-    _thread_tables = internal._thread_local_tensor_tables
-    shm.use_tables(_thread_tables)
+    names = _TORCH_PER_PROCESS
+    names.ScriptModule = torch.jit.ScriptModule
+    names.PythonUDF = internal.PythonUDF
+    names.thread_tables = internal._thread_local_tensor_tables
+    shm.use_tables(names.thread_tables)
     pickler = internal._internal_rpc_pickler
     pickler.serialize = types.MethodType(_serialize, pickler)
     api._to_worker_info = _wrap_to_worker_info(api._to_worker_info)
     api._invoke_rpc_python_udf = _wrap_invoke(api._invoke_rpc_python_udf)
     api._invoke_remote_python_udf = _wrap_invoke(api._invoke_remote_python_udf)
-    _installed = True
 
 
 def installed() -> bool:
     """Whether ``install`` ran in this process."""
-    return _installed
+    return has("shipping")

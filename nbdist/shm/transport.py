@@ -103,8 +103,17 @@ def _mapped_peers() -> list[PeerArena]:
 
 
 _lock = threading.Lock()
-_thread_tables: Any = None  # torch's thread-local tensor tables (given by shipping)
-_EMPTY: Any = None
+
+
+class _TorchRefs:
+    """Per process: torch's thread-local tensor tables (``shipping`` hands them over) and the
+    empty tensor that holds a message's descriptor slot in them until it is written."""
+
+    thread_tables: Any = None
+    empty: Any = None
+
+
+_TORCH_PER_PROCESS = _TorchRefs()
 
 
 class _Message:
@@ -130,8 +139,7 @@ _tls = _Tls()
 
 def use_tables(thread_tables: Any) -> None:
     """torch's thread-local tensor tables (``shipping.install`` hands them over)."""
-    global _thread_tables
-    _thread_tables = thread_tables
+    _TORCH_PER_PROCESS.thread_tables = thread_tables
 
 
 def world_config(placement: list, names: list[str], rank: int) -> dict | None:
@@ -149,13 +157,13 @@ def world_config(placement: list, names: list[str], rank: int) -> dict | None:
 def open_world(cfg: dict | None) -> None:
     """A world starts: send large tensors this way to ``cfg["local"]`` names (and replies
     too when ``cfg["all_local"]``); None (``world_config`` said off) leaves the path off."""
-    global _EMPTY
     close_world()
-    if cfg is None or _thread_tables is None:
+    if cfg is None or _TORCH_PER_PROCESS.thread_tables is None:
         return
-    import torch
+    if _TORCH_PER_PROCESS.empty is None:
+        import torch
 
-    _EMPTY = torch.empty(0, dtype=torch.uint8)
+        _TORCH_PER_PROCESS.empty = torch.empty(0, dtype=torch.uint8)
     world_state.part(_ShmWorld).config = _Config(cfg, set(cfg["local"]), cfg["all_local"])
 
 
@@ -229,8 +237,8 @@ def tensor_reducer(orig: Callable[[Any], Any]) -> Callable[[Any], Any]:
         if n < msg.min_bytes and (n < msg.pack_bytes or msg.seen < msg.min_bytes):
             return orig(t)
         if msg.desc_index < 0:
-            tables = _thread_tables.send_tables
-            tables.append(_EMPTY)
+            tables = _TORCH_PER_PROCESS.thread_tables.send_tables
+            tables.append(_TORCH_PER_PROCESS.empty)
             msg.desc_index = len(tables) - 1
         msg.tensors.append(t)
         msg.noted += n
@@ -357,7 +365,7 @@ def _table_append(send_tables: list, t: Any) -> int:
 
 def _receive(desc_index: int, k: int) -> Any:
     """Unpickling hook: tensor ``k`` of the message whose descriptor is ``desc_index``."""
-    recv = _thread_tables.recv_tables
+    recv = _TORCH_PER_PROCESS.thread_tables.recv_tables
     desc_t = recv[desc_index]
     cache = _tls.recv
     if cache is None or cache[0] is not desc_t:

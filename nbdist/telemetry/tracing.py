@@ -24,6 +24,7 @@ from typing import Any
 from .. import world_state
 from ..envflag import switched_on
 from ..patches import torch_private
+from ..patches.installed import first_time
 from ..patches.thread_states import pin
 from ..table import html_table, human_bytes, text_table
 from . import records
@@ -49,8 +50,30 @@ KEEP_PER_KEY = 100_000  # latencies kept per (caller, callee, function) for perc
 KEEP_TIMELINE = 50_000  # most recent calls kept for the dashboard's plots over time
 FOLD_AT = 10_000  # rank 0 folds its finished calls into the aggregates beyond this many
 
-_enabled = switched_on(ENV)
-_on = False  # _enabled and this world armed: the one flag the hot path reads
+
+
+class _Switch:
+    """Whether tracing is on in this process: ``enabled`` (the user's setting, which later
+    worlds inherit) and ``on`` (enabled and this world armed: the one flag the hot path
+    reads)."""
+
+    def __init__(self) -> None:
+        self.enabled = switched_on(ENV)
+        self.on = False
+
+    def update(self) -> None:
+        self.on = self.enabled and _world().armed
+
+
+class _TorchNames:
+    """What the hot path compares with, taken from torch once it is imported (``install``)."""
+
+    Tensor: Any = None
+    proxy_funcs: tuple = (None, None)
+
+
+_SWITCH_PER_PROCESS = _Switch()
+_TORCH_PER_PROCESS = _TorchNames()
 
 
 class _TracedWorld:
@@ -65,7 +88,7 @@ class _TracedWorld:
         self.peers: Callable[[], list[str]] | None = None
 
     def close(self) -> None:
-        _update()
+        _SWITCH_PER_PROCESS.update()
 
 
 _NO_WORLD = _TracedWorld()  # between worlds: never armed, never changed
@@ -84,15 +107,7 @@ class _Local(threading.local):
 
 _tls = _Local()
 _done: collections.deque = collections.deque()  # (callee, function, t0, latency, bytes)
-_installed = False
 _install_lock = threading.Lock()
-_Tensor: Any = None
-_proxy_funcs: tuple = ()
-
-
-def _update() -> None:
-    global _on
-    _on = _enabled and _world().armed
 
 
 # ---------------------------------------------------------------------------- hot path
@@ -145,17 +160,17 @@ def _tensor_bytes(tensors: Any) -> int:
 def _arg_bytes(args: Any, kwargs: Any) -> int:
     n = 0
     for a in args:
-        if isinstance(a, _Tensor):
+        if isinstance(a, _TORCH_PER_PROCESS.Tensor):
             n += payload_bytes(a)
     if kwargs:
         for a in kwargs.values():
-            if isinstance(a, _Tensor):
+            if isinstance(a, _TORCH_PER_PROCESS.Tensor):
                 n += payload_bytes(a)
     return n
 
 
 def _value_bytes(v: Any) -> int:
-    if isinstance(v, _Tensor):
+    if isinstance(v, _TORCH_PER_PROCESS.Tensor):
         return payload_bytes(v)
     if isinstance(v, (list, tuple)):
         return _arg_bytes(v, None)
@@ -165,7 +180,8 @@ def _value_bytes(v: Any) -> int:
 
 
 def _func_name(func: Any, args: Any) -> str:
-    if func is _proxy_funcs[0] or func is _proxy_funcs[1]:  # an RRef proxy: (rref, method, ..)
+    proxies = _TORCH_PER_PROCESS.proxy_funcs
+    if func is proxies[0] or func is proxies[1]:  # an RRef proxy: (rref, method, ..)
         try:
             owner_type = args[0]._get_type()  # cached by the proxy: a done future or a type
             if not isinstance(owner_type, type):
@@ -200,7 +216,7 @@ def _wrap_rpc_sync(orig: Any) -> Any:
 
     def rpc_sync(to: Any, func: Any, args: Any = None, kwargs: Any = None,
                  timeout: float = UNSET_RPC_TIMEOUT) -> Any:
-        if not _on or _tls.paused:
+        if not _SWITCH_PER_PROCESS.on or _tls.paused:
             return orig(to, func, args, kwargs, timeout)
         _tls.sync = True
         try:
@@ -222,7 +238,7 @@ def _wrap_rpc_sync(orig: Any) -> Any:
 
 def _wrap_python_udf(orig: Any) -> Any:
     def PythonUDF(func: Any, args: Any, kwargs: Any) -> Any:  # noqa: N802 - replaces a class
-        if _on and not _tls.paused:
+        if _SWITCH_PER_PROCESS.on and not _tls.paused:
             _tls.call = (perf_counter(), func, args)
         return orig(func, args, kwargs)
 
@@ -240,7 +256,7 @@ def _wrap_invoke_udf(orig: Any, remote: bool) -> Any:
     def invoke(dst: Any, pickled: bytes, tensors: Any, timeout: float, is_async: bool) -> Any:
         call = _take_call()
         res = orig(dst, pickled, tensors, timeout, is_async)
-        if call is not None and _on:
+        if call is not None and _SWITCH_PER_PROCESS.on:
             t0, func, args = call
             fut = res._get_future() if remote else res
             _watch(fut, dst.name, _func_name(func, args), t0,
@@ -252,7 +268,7 @@ def _wrap_invoke_udf(orig: Any, remote: bool) -> Any:
 
 def _wrap_rpc_builtin(orig: Any) -> Any:
     def invoke(dst: Any, qualname: str, timeout: float, *args: Any, **kwargs: Any) -> Any:
-        if not _on or _tls.paused:
+        if not _SWITCH_PER_PROCESS.on or _tls.paused:
             return orig(dst, qualname, timeout, *args, **kwargs)
         t0 = perf_counter()
         fut = orig(dst, qualname, timeout, *args, **kwargs)
@@ -264,7 +280,7 @@ def _wrap_rpc_builtin(orig: Any) -> Any:
 
 def _wrap_remote_builtin(orig: Any) -> Any:
     def invoke(dst: Any, qualname: str, timeout: float, *args: Any, **kwargs: Any) -> Any:
-        if not _on or _tls.paused:
+        if not _SWITCH_PER_PROCESS.on or _tls.paused:
             return orig(dst, qualname, timeout, *args, **kwargs)
         t0 = perf_counter()
         rref = orig(dst, qualname, timeout, *args, **kwargs)
@@ -277,7 +293,7 @@ def _wrap_remote_builtin(orig: Any) -> Any:
 def _wrap_rpc_script(orig: Any) -> Any:
     def invoke(dst: str, qualname: str, args: Any, kwargs: Any, timeout: float,
                is_async: bool) -> Any:
-        if not _on or _tls.paused:
+        if not _SWITCH_PER_PROCESS.on or _tls.paused:
             return orig(dst, qualname, args, kwargs, timeout, is_async)
         t0 = perf_counter()
         fut = orig(dst, qualname, args, kwargs, timeout, is_async)
@@ -290,7 +306,7 @@ def _wrap_rpc_script(orig: Any) -> Any:
 def _wrap_remote_script(orig: Any) -> Any:
     def invoke(dst: str, qualname: str, timeout: float, is_async: bool, *args: Any,
                **kwargs: Any) -> Any:
-        if not _on or _tls.paused:
+        if not _SWITCH_PER_PROCESS.on or _tls.paused:
             return orig(dst, qualname, timeout, is_async, *args, **kwargs)
         t0 = perf_counter()
         rref = orig(dst, qualname, timeout, is_async, *args, **kwargs)
@@ -304,7 +320,7 @@ def _wrap_to_here(orig: Any) -> Any:
     from torch.distributed.rpc.constants import UNSET_RPC_TIMEOUT
 
     def to_here(self: Any, timeout: float = UNSET_RPC_TIMEOUT) -> Any:
-        if not _on or _tls.paused or self.is_owner():
+        if not _SWITCH_PER_PROCESS.on or _tls.paused or self.is_owner():
             return orig(self, timeout)
         t0 = perf_counter()
         value = orig(self, timeout)
@@ -324,22 +340,22 @@ def install(rank: int, name: str) -> None:
 
     Called on every rank as it joins a world, before ``init_rpc``.
     """
-    global _installed, _Tensor, _proxy_funcs, _enabled
     with _install_lock:
         here = world_state.part(_TracedWorld)
         here.caller, here.armed = name, False
         if rank != 0:  # a worker takes the notebook's setting through its environment
-            _enabled = switched_on(ENV)
-        _update()
-        if _installed or not torch_private.usable("tracing"):
+            _SWITCH_PER_PROCESS.enabled = switched_on(ENV)
+        _SWITCH_PER_PROCESS.update()
+        if not torch_private.usable("tracing") or not first_time("tracing"):
             return
         import torch
         import torch.distributed.rpc as rpc
         from torch._C._distributed_rpc import PyRRef
         from torch.distributed.rpc import api, rref_proxy
 
-        _Tensor = torch.Tensor
-        _proxy_funcs = (rref_proxy._local_invoke, rref_proxy._local_invoke_async_execution)
+        _TORCH_PER_PROCESS.Tensor = torch.Tensor
+        _TORCH_PER_PROCESS.proxy_funcs = (rref_proxy._local_invoke,
+                                          rref_proxy._local_invoke_async_execution)
         api.PythonUDF = _wrap_python_udf(api.PythonUDF)
         api._invoke_rpc_python_udf = _wrap_invoke_udf(api._invoke_rpc_python_udf, False)
         api._invoke_remote_python_udf = _wrap_invoke_udf(api._invoke_remote_python_udf, True)
@@ -349,7 +365,6 @@ def install(rank: int, name: str) -> None:
         api._invoke_remote_torchscript = _wrap_remote_script(api._invoke_remote_torchscript)
         PyRRef.to_here = _wrap_to_here(PyRRef.to_here)
         api.rpc_sync = rpc.rpc_sync = _wrap_rpc_sync(api.rpc_sync)
-        _installed = True
 
 
 def set_peers(peers: Callable[[], list[str]] | None) -> None:
@@ -361,20 +376,19 @@ def arm(rank: int, name: str) -> None:
     """This rank's world is ready: trace from now on (the rank's start-up calls this)."""
     here = world_state.part(_TracedWorld)
     here.caller, here.wall_offset, here.armed = name, time.time() - perf_counter(), True
-    _update()
+    _SWITCH_PER_PROCESS.update()
 
 
 def enabled() -> bool:
     """Whether RPCs made on this rank are being traced."""
-    return _enabled
+    return _SWITCH_PER_PROCESS.enabled
 
 
 def _set_enabled(on: bool) -> bool:
-    global _enabled
-    _enabled = bool(on)
+    _SWITCH_PER_PROCESS.enabled = bool(on)
     os.environ[ENV] = "1" if on else "0"
-    _update()
-    return _enabled
+    _SWITCH_PER_PROCESS.update()
+    return _SWITCH_PER_PROCESS.enabled
 
 
 def enable(on: bool = True, everywhere: bool = True, timeout: float = 10.0) -> None:
@@ -419,10 +433,18 @@ class _KeyStats:
         self.latencies: collections.deque = collections.deque(maxlen=KEEP_PER_KEY)
 
 
-_agg_lock = threading.Lock()
-_keys: dict[tuple[str, str, str], _KeyStats] = {}
-_timeline: collections.deque = collections.deque(maxlen=KEEP_TIMELINE)
-_version = 0
+class _Aggregates:
+    """Every rank's traced calls received in this process: per key, the recent timeline, and
+    a count of changes. Per process, outliving worlds, as the notebook's own records do."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.keys: dict[tuple[str, str, str], _KeyStats] = {}
+        self.timeline: collections.deque = collections.deque(maxlen=KEEP_TIMELINE)
+        self.version = 0
+
+
+_AGG_PER_PROCESS = _Aggregates()
 
 
 def _take_done() -> list[tuple]:
@@ -441,22 +463,22 @@ def _take_done() -> list[tuple]:
 
 
 def _add(caller: str, rows: list[tuple]) -> None:
-    global _version
     if not rows:
         return
-    with _agg_lock:
+    agg = _AGG_PER_PROCESS
+    with agg.lock:
         for callee, name, t, lat, nbytes in rows:
             key = (caller, callee, name)
-            s = _keys.get(key)
+            s = agg.keys.get(key)
             if s is None:
-                s = _keys[key] = _KeyStats()
+                s = agg.keys[key] = _KeyStats()
             s.count += 1
             s.bytes += nbytes
             if lat > s.max:
                 s.max = lat
             s.latencies.append(lat)
-            _timeline.append((t, caller, callee, name, lat, nbytes))
-        _version += 1
+            agg.timeline.append((t, caller, callee, name, lat, nbytes))
+        agg.version += 1
 
 
 def _drain_local() -> None:
@@ -491,32 +513,32 @@ records.register_internal("trace", _receive, source=_ship)
 def version() -> int:
     """A number that changes whenever new calls were added (cheap polling for displays)."""
     _drain_local()
-    return _version
+    return _AGG_PER_PROCESS.version
 
 
 def total_calls() -> int:
     """How many calls were traced on every rank (received so far)."""
     _drain_local()
-    with _agg_lock:
-        return sum(s.count for s in _keys.values())
+    with _AGG_PER_PROCESS.lock:
+        return sum(s.count for s in _AGG_PER_PROCESS.keys.values())
 
 
 def samples() -> list[tuple]:
     """The most recent calls of every rank, oldest first, as tuples
     ``(wall time, caller, callee, function, latency s, bytes)``."""
     _drain_local()
-    with _agg_lock:
-        return list(_timeline)
+    with _AGG_PER_PROCESS.lock:
+        return list(_AGG_PER_PROCESS.timeline)
 
 
 def clear() -> None:
     """Forget every call traced so far (on the notebook; workers' unsent rows still arrive)."""
-    global _version
     _take_done()
-    with _agg_lock:
-        _keys.clear()
-        _timeline.clear()
-        _version += 1
+    agg = _AGG_PER_PROCESS
+    with agg.lock:
+        agg.keys.clear()
+        agg.timeline.clear()
+        agg.version += 1
 
 
 def rpc_stats(caller: str | None = None, callee: str | None = None,
@@ -530,8 +552,9 @@ def rpc_stats(caller: str | None = None, callee: str | None = None,
     import numpy as np
 
     _drain_local()
-    with _agg_lock:
-        items = [(k, s.count, s.bytes, s.max, list(s.latencies)) for k, s in _keys.items()
+    with _AGG_PER_PROCESS.lock:
+        items = [(k, s.count, s.bytes, s.max, list(s.latencies))
+                 for k, s in _AGG_PER_PROCESS.keys.items()
                  if (caller is None or k[0] == caller) and (callee is None or k[1] == callee)
                  and (function is None or k[2] == function)]
     rows = []
