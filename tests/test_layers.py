@@ -228,7 +228,7 @@ def test_the_by_name_finder():
 
 # -- rooms ------------------------------------------------------------------------------------
 #: ``global`` statements allowed in nbdist (issue 42 aims at 8); lower it as they go, never raise
-GLOBAL_BUDGET = 12
+GLOBAL_BUDGET = 8
 
 
 def test_no_two_modules_share_a_file_name():

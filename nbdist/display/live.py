@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from time import perf_counter
 from typing import Any
 
+from ..patches.installed import first_time
 from ..telemetry import events, records, timing, tracing
 from . import render
 from .collect import SeriesStore
@@ -33,8 +34,6 @@ _VIEW = "application/vnd.jupyter.widget-view+json"
 STATUS_EVERY = 1.0  # seconds between status samples
 FILE_EVERY = 1.0  # seconds between picture files in a terminal
 JOIN_SECONDS = 5.0  # how long close() waits for a redraw in progress
-_exit_hook_lock = threading.Lock()
-_exit_hook = False
 
 
 def _kernel_shell() -> Any:
@@ -350,11 +349,8 @@ def _register_exit_hook() -> None:
     ``atexit`` runs handlers last-registered first; importing ``nbdist.cluster.core`` first
     makes sure the cluster's handler is registered already.
     """
-    global _exit_hook
-    with _exit_hook_lock:
-        if _exit_hook:
-            return
-        import nbdist.cluster.core  # noqa: F401 - registers its atexit handler first
+    if not first_time("display.live.close_all_at_exit"):
+        return
+    import nbdist.cluster.core  # noqa: F401 - registers its atexit handler first
 
-        atexit.register(close_all)
-        _exit_hook = True
+    atexit.register(close_all)

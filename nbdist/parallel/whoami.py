@@ -36,12 +36,17 @@ def default_worker_name_format(world_rank: int, world_size: int, local_rank: int
     return f"worker{world_rank}"
 
 
-_name_format: Callable[..., str] = default_worker_name_format
+class _Naming:
+    """How this process names workers (``set_worker_name_format``; later worlds keep it)."""
+
+    format: Callable[..., str] = staticmethod(default_worker_name_format)
+
+
+_NAMING_PER_PROCESS = _Naming()
 
 
 def set_worker_name_format(fmt: Callable[..., str] | str | None) -> Callable[..., str]:
     """Remember how ``auto_init_rpc`` names workers; a str is a pattern such as ``"w{rank}"``."""
-    global _name_format
     if fmt is None:
         fmt = default_worker_name_format
     elif isinstance(fmt, str):
@@ -54,15 +59,15 @@ def set_worker_name_format(fmt: Callable[..., str] | str | None) -> Callable[...
 
     elif not callable(fmt):
         raise TypeError(f"worker_name_format must be a callable or a str pattern, got {fmt!r}")
-    _name_format = fmt
+    _NAMING_PER_PROCESS.format = fmt
     return fmt
 
 
 def format_worker_name(world_rank: int, world_size: int, local_rank: int,
                        local_world_size: int) -> str:
     """The name the current ``worker_name_format`` gives a rank."""
-    return _name_format(world_rank=world_rank, world_size=world_size, local_rank=local_rank,
-                        local_world_size=local_world_size)
+    return _NAMING_PER_PROCESS.format(world_rank=world_rank, world_size=world_size,
+                                      local_rank=local_rank, local_world_size=local_world_size)
 
 
 class WorldInfo(NamedTuple):

@@ -26,7 +26,16 @@ from ..errors import DistTimeoutError
 __all__ = ["ClosableStore", "MemoryStore", "RemoteStore", "StoreServer", "rendezvous_url", "use"]
 
 SCHEME = "nbdist"
-_current: dist.Store | None = None
+
+
+class _Rendezvous:
+    """The store ``nbdist://`` URLs give in this process: the current world's, kept until
+    the next world's replaces it (a process group's later rendezvous may still ask)."""
+
+    store: dist.Store | None = None
+
+
+_RENDEZVOUS_PER_PROCESS = _Rendezvous()
 
 
 def _bytes(value: Any) -> bytes:
@@ -332,15 +341,16 @@ class RemoteStore(dist.Store):
 
 def _handler(url: str, **kwargs: Any) -> Iterator[tuple[dist.Store, int, int]]:
     query = parse_qs(urlparse(url).query)
-    if _current is None:
+    store = _RENDEZVOUS_PER_PROCESS.store
+    if store is None:
         raise RuntimeError("no nbdist rendezvous store in this process")
-    yield _current, int(query["rank"][0]), int(query["world_size"][0])
+    yield store, int(query["rank"][0]), int(query["world_size"][0])
 
 
 def use(store: dist.Store) -> None:
     """Make ``store`` what ``nbdist://`` rendezvous URLs give in this process."""
-    global _current
-    previous, _current = _current, store
+    previous = _RENDEZVOUS_PER_PROCESS.store
+    _RENDEZVOUS_PER_PROCESS.store = store
     if isinstance(previous, RemoteStore) and previous is not store:
         previous.close()  # its world is gone: its sockets are not left to the collector
     try:

@@ -43,6 +43,10 @@ class _State:
     """One process's mirroring state (a sender and a receiver both)."""
 
     def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """As new: a forked child is a sender and receiver of its own."""
         self.me = os.urandom(6).hex()  # who sent a value (the receiver keys by it)
         # sender: (destination, name) -> the object last shipped there (held: its id is the
         # token, so it must not be reused while remembered)
@@ -57,8 +61,7 @@ _state = _State()
 
 
 def _after_fork() -> None:
-    global _state
-    _state = _State()
+    _state.reset()
 
 
 os.register_at_fork(after_in_child=_after_fork)
