@@ -119,7 +119,6 @@ PINNED = {
     "libtorch_cpu.so.RRefContext::getInstance()::context",
     "libtorch_cpu.so.TensorPipeAgent::guessAddress()::uvAddress",
     "libtorch_cpu.so.rpc::barrierId",
-    "libtorch_cpu.so.DistAutogradContainer::getInstanceInternal()::container",
     "torch.distributed.distributed_c10d._world.pg_map",
     "torch.distributed.distributed_c10d._world.group_count",
     "torch.distributed.distributed_c10d._world.pg_names",

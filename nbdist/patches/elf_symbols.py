@@ -1,5 +1,5 @@
 """Symbols of libtorch's ELF symbol table, for the few process-wide statics nbdist must reset
-between worlds (``rref_reset``, ``rpc_barrier``, ``autograd_reset``, ``tp_address``)."""
+between worlds (``rref_reset``, ``rpc_barrier``, ``tp_address``)."""
 
 from __future__ import annotations
 

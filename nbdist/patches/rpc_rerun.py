@@ -96,19 +96,21 @@ def _wrap(init_rpc: Any) -> Any:
 
 def _forget_last_agent(init_count: int | None = None) -> None:
     """What an earlier agent of this process left: its RRef context, rendezvous and
-    all-gather counters. ``init_count``: the next ``init_rpc``'s keys count from there, its
-    shutdown barrier's from 0 (``rpc_barrier``) and it gets an empty distributed autograd
-    container (``autograd_reset``); None keeps torch's counts (the world's store may hold keys
-    of theirs) and contexts."""
-    from . import autograd_reset, rpc_barrier, rpc_hooks, rref_reset
+    all-gather counters. ``init_count``: the next ``init_rpc``'s keys count from there and
+    its shutdown barrier's from 0 (``rpc_barrier``); None keeps torch's counts (the world's
+    store may hold keys of theirs).
+
+    torch's distributed autograd container is kept, with contexts an earlier run left: a new
+    one restarts its context ids, which torch's engine still holds for those contexts
+    ('initializedContextIds_' assert in ``dist_autograd.backward``)."""
+    from . import rpc_barrier, rpc_hooks, rref_reset
 
     _AGENT_PER_PROCESS.up = _AGENT_PER_PROCESS.ran = False
     rref_reset.reset_singleton()
     rpc_hooks.reset_world_state(init_count or 0, keep_init_counter=init_count is None)
     _leave_autograd_context()
-    if init_count is not None:  # the cell's first init_rpc, right after this
+    if init_count is not None:
         rpc_barrier.restart()
-        autograd_reset.renew()  # no contexts an earlier run left, as in a fresh process
     gc.collect()  # the last rendezvous's store (a TCP server on rank 0) must not serve on
 
 

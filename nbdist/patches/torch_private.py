@@ -158,12 +158,6 @@ def _keeps_rendezvous() -> Any:
     return "global rendezvous_iterator" in inspect.getsource(rpc.init_rpc) or None
 
 
-def _autograd_symbols() -> Any:
-    from . import autograd_reset
-
-    return autograd_reset.available() or None
-
-
 def _barrier_symbol() -> Any:
     from . import rpc_barrier
 
@@ -228,8 +222,6 @@ PRIVATES: tuple[Private, ...] = (
             lambda obj: obj is True, lookup=_rref_symbols),
     Private("restart", "libtorch_cpu.so", "rpc::barrierId", lambda obj: obj is True,
             lookup=_barrier_symbol),
-    Private("rerun", "libtorch_cpu.so", "DistAutogradContainer::getInstanceInternal()::container",
-            lambda obj: obj is True, verified=("2.8.0", "2.15.0"), lookup=_autograd_symbols),
     Private("tp_address", "libtorch_cpu.so", "TensorPipeAgent::guessAddress()::uvAddress",
             lambda obj: obj is not None, lookup=_tp_symbols),
     # tracing: torch's RPC entry points wrapped to time each call

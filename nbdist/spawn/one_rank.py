@@ -20,7 +20,7 @@ import sys
 import traceback
 from collections.abc import Callable
 
-from ..patches import autograd_reset, no_rpc, rpc_barrier, rpc_hooks, rpc_rerun, rref_reset
+from ..patches import no_rpc, rpc_barrier, rpc_hooks, rpc_rerun, rref_reset
 from ..shipping import own_main, pickler as shipping
 from ..spawn import hidden_groups
 
@@ -61,7 +61,6 @@ def call(fn: Callable, index: int, args: tuple, generation: int = 0) -> None:
         rpc_hooks.reset_world_state(RPC_KEYS + generation)
         rref_reset.reset_singleton()
         rpc_barrier.restart()
-        autograd_reset.renew()
         rpc_rerun.keys_named_here()  # the spawn's numbers stand for this cell's init_rpc
     before = _default_group()
     environ = dict(os.environ)  # what fn sets there (MASTER_PORT...) ends with it, as a child's

@@ -23,6 +23,14 @@ INTENDED: list[Intended] = [
              "earlier runs keeps counting RRef ids on, so that an RRef a notebook variable "
              "still holds from an earlier run names nothing in the next one (a script's next "
              "run is a new process and holds none)"),
+    Intended("script", "TensorPipeRpcTest.test_local_value_not_on_owner", "fail", "pass",
+             "the error it matches names the first RRef ids of a fresh process (local_id=0 "
+             "and 1); RRef ids keep counting across runs (see test_rref_str)"),
+    Intended("script", "TensorPipeDistAutogradTest.test_debug_info", "fail", "pass",
+             "it counts the process's distributed autograd contexts (at most 4); contexts "
+             "earlier runs left unreleased stay in torch's container, which nbdist keeps: a "
+             "new one restarts context ids that torch's engine still holds, and the next "
+             "dist_autograd.backward fails an internal assert (tried: 8 tests failed so)"),
 ]
 
 # Tests whose outcome changes from run to run in processes that keep RPC up, with what they
