@@ -5,7 +5,8 @@ its environment when it starts, and again when a keep-restart gives it a new wor
 notebook (rank 0) gets them for the world's life (``enter``), and at the end (``leave``)
 every one of them goes back to what it was before, one that was absent is removed.
 ``MASTER_ADDR``/``MASTER_PORT`` (``master``) name rank 0's address and a port free there when
-the world starts, the same on every rank, as torchrun's do; nothing of nbdist listens there
+the world starts (below the ephemeral range, so no rank's own socket takes it later), the
+same on every rank, as torchrun's do; nothing of nbdist listens there
 (``init_process_group`` meets through the world's store, ``patches.process_group``), so code
 that opens its own store on them finds the port free. ``NBDIST_TORCHRUN_ENV=0`` sets none.
 """
@@ -13,6 +14,7 @@ that opens its own store on them finds the port free. ``NBDIST_TORCHRUN_ENV=0`` 
 from __future__ import annotations
 
 import os
+import random
 import socket
 from dataclasses import dataclass
 
@@ -45,10 +47,35 @@ def master(address: str) -> dict[str, str]:
     free on it now; empty when switched off."""
     if not switched_on(FLAG):
         return {}
-    with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET) as s:
+    return {"MASTER_ADDR": address, "MASTER_PORT": str(_free_port(address))}
+
+
+def _free_port(address: str) -> int:
+    """A port free on ``address`` now, below the kernel's ephemeral range where one is free:
+    the system never hands such a port to a later ``bind(port 0)`` (a rank's own listening
+    sockets), so it stays free for the user's store for the world's life."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    low = _ephemeral_low()
+    below = range(max(1024, low - 16384), low) if low > 2048 else range(0)
+    for port in random.sample(below, min(64, len(below))):
+        with socket.socket(family) as s:
+            try:
+                s.bind((address, port))
+            except OSError:
+                continue
+            return port
+    with socket.socket(family) as s:  # none free there: any the system gives
         s.bind((address, 0))
-        port = s.getsockname()[1]
-    return {"MASTER_ADDR": address, "MASTER_PORT": str(port)}
+        return s.getsockname()[1]
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (Linux; 32768 elsewhere)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 @dataclass
