@@ -18,7 +18,6 @@ from .elf_symbols import in_libtorch, libtorch_cpu as _libtorch_cpu
 
 __all__ = ["available", "next_id", "reset_singleton", "start_ids_at"]
 
-_GET = "_ZN5torch11distributed3rpc11RRefContext11getInstanceEv"
 _CTX = "_ZZN5torch11distributed3rpc11RRefContext11getInstanceEvE7context"
 _GUARD = "_ZGVZN5torch11distributed3rpc11RRefContext11getInstanceEvE7context"
 _NEXT_ID = "_ZN5torch11distributed3rpc11RRefContext12nextLocalId_E"

@@ -18,7 +18,6 @@ from .elf_symbols import in_libtorch
 
 __all__ = ["current", "pin"]
 
-_FN = "_ZN5torch11distributed3rpc15TensorPipeAgent12guessAddressB5cxx11Ev"
 _VALUE = "_ZZN5torch11distributed3rpc15TensorPipeAgent12guessAddressB5cxx11EvE9uvAddress"
 _GUARD = "_ZGVZN5torch11distributed3rpc15TensorPipeAgent12guessAddressB5cxx11EvE9uvAddress"
 _INLINE = 15  # characters std::string (libstdc++, C++11 ABI) holds without allocating
