@@ -53,7 +53,7 @@ demo: $(STAMP)
 
 # The documentation site, offline, from the tree: docs/_build/html/index.html, the tutorials
 # run first where no run of their cells as they are exists (docs/execute_tutorials.py). `make test`
-# builds it too (tests/test_docs.py: warnings are errors, every link and anchor checked).
+# builds it too (tests/docs_site/test_docs.py: warnings are errors, every link and anchor checked).
 docs: $(STAMP)
 	$(BIN)/python docs/execute_tutorials.py
 	$(BIN)/python -m sphinx -W --keep-going -q -b html docs docs/_build/html
@@ -82,7 +82,7 @@ conformance-torch-sample: $(STAMP)
 	$(BIN)/python -m pytest -q tests/torch_rpc
 
 # Rewrites every file in bench/results, each naming the commit it measured (-dirty: with
-# uncommitted changes). tests/test_bench_smoke.py runs each script with --smoke in `make test`.
+# uncommitted changes). tests/benchmarks/test_bench_smoke.py runs each script with --smoke in `make test`.
 bench: $(STAMP)
 	$(BIN)/python bench/startup.py
 	$(BIN)/python bench/_startup_whatif.py

@@ -1,10 +1,11 @@
 """What every bench script shares: ``--smoke``, ``--out`` and the commit a run measured.
 
 ``--smoke`` runs a script in seconds at tiny sizes, to prove it still works against today's
-nbdist (``tests/test_bench_smoke.py`` runs every script so, as part of ``make test``); its
-figures mean nothing. A smoke run writes its results to a fresh temporary directory unless
-``--out`` names one, so it never touches ``bench/results``. Every results file records the
-commit it measured (``git rev-parse --short HEAD``, ``-dirty`` when the sources differ).
+nbdist (``tests/benchmarks/test_bench_smoke.py`` runs every script so, as part of
+``make test``); its figures mean nothing. A smoke run writes its results to a fresh temporary
+directory unless ``--out`` names one, so it never touches ``bench/results``. Every results
+file records the commit it measured (``git rev-parse --short HEAD``, ``-dirty`` when the
+sources differ).
 """
 
 from __future__ import annotations

@@ -123,7 +123,8 @@ def main() -> int:
               f"{_lifecycle.LONG:g} s: {sum(r['long'] for r in runs)}.", ""]
     failed = [r for r in runs if r["failure"] is not None]
     if failed:
-        lines += ["Failing seeds (keep them as regression tests in tests/test_lifecycle.py):", ""]
+        lines += ["Failing seeds (keep them as regression tests in "
+                  "tests/kernel/test_lifecycle.py):", ""]
         lines += [f"- seed {r['seed']}, step {r['failure']['step']} "
                   f"({r['failure']['kind']}): {r['failure'].get('why')} "
                   f"{r['failure']['outcome']}" for r in failed]

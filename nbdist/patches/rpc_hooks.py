@@ -6,7 +6,7 @@
   it (``interrupt_rpc_threads``); the bookkeeping is interrupt-proof.
 - ``reset_world_state`` clears the counters that make a second ``init_rpc`` hang.
 
-Private torch names: ``tests/test_torch_pins.py`` fails loudly if an upgrade moves them.
+Private torch names: ``tests/unit/test_torch_pins.py`` fails loudly if an upgrade moves them.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ process-wide ``RRefContext`` so the next world builds one around its own agent;
 ``start_ids_at(epoch)`` (each worker, right after ``init_rpc``) gives each world's RRef ids their
 own range, so a stale RRef of an earlier world names nothing in this one. Where libtorch's
 symbols cannot be found, ``available()`` is False and a second world refuses RRef work loudly.
-Private names, checked by ``tests/test_torch_pins.py``; why and how:
+Private names, checked by ``tests/unit/test_torch_pins.py``; why and how:
 docs/how-it-works.md, Module notes.
 """
 

@@ -6,7 +6,7 @@ and the torch versions it was verified on (docs/torch-versions.md). ``problems()
 once per process; ``%load_ext nbdist`` (or, while torch is not imported yet, the first world
 start) prints one line per feature that cannot work on the torch at hand. Patch modules ask
 ``usable`` before they patch, so a missing or reshaped name turns one feature off instead of
-crashing the start. ``tests/test_torch_pins.py`` pins this list and checks that every private
+crashing the start. ``tests/unit/test_torch_pins.py`` pins this list and checks that every private
 name the package's source reaches into is listed here.
 """
 

@@ -6,7 +6,7 @@ world on loopback the notebook would advertise ``127.0.0.1`` to remote hosts, an
 world across hosts a local world would listen on the network. ``pin(address)`` rewrites that
 static in place before ``init_rpc``: an IPv4 address always fits std::string's inline buffer
 (15 characters), so only bytes inside the string object change. Verified by
-``tests/test_multihost.py`` (a local world, then one across hosts, then a local one again).
+``tests/hosts/test_multihost.py`` (a local world, then one across hosts, then a local one again).
 """
 
 from __future__ import annotations

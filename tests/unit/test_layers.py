@@ -10,7 +10,7 @@ from pathlib import Path
 
 from conftest import ROOT
 
-PKG = Path(__file__).resolve().parent.parent / "nbdist"
+PKG = ROOT / "nbdist"
 
 # lower number = lower layer; a module may import its own layer or lower ones. A room holding
 # both sides of a feature gives the ranks' side its own, lower layer (the longest name wins).
@@ -32,7 +32,7 @@ def _layer(dotted: str) -> tuple[str, int]:
         name = ".".join(parts[:n])
         if name in LAYERS:
             return name, LAYERS[name]
-    raise KeyError(f"{dotted}: give it a layer in tests/test_layers.py")
+    raise KeyError(f"{dotted}: give it a layer in tests/unit/test_layers.py")
 
 
 def _is_module(parts: list[str]) -> bool:
@@ -66,7 +66,8 @@ def _imports(source: str, module: str) -> list[tuple[int, str]]:
 
 def test_every_module_has_a_layer():
     tops = {p.relative_to(PKG).parts[0].removesuffix(".py") for p in PKG.rglob("*.py")}
-    assert tops <= set(LAYERS), f"give these a layer in tests/test_layers.py: {tops - set(LAYERS)}"
+    assert tops <= set(LAYERS), \
+        f"give these a layer in tests/unit/test_layers.py: {tops - set(LAYERS)}"
 
 
 def test_imports_point_down_only():
@@ -360,3 +361,37 @@ def test_the_architecture_page_names_what_exists():
                 break
             obj = getattr(obj, name)
     assert not missing, f"docs/architecture.md names what is not there: {missing}"
+
+
+#: the folders of tests/, one per family (docs/development.md says what each holds)
+TEST_FAMILIES = {"unit", "world", "kernel", "scripts", "notebooks", "hosts", "docs_site",
+                 "browser", "conformance", "torch_rpc", "benchmarks"}
+
+
+def _test_files_out_of_place(tests: Path) -> list[str]:
+    """Test files at the top of ``tests``, in a folder that is not a family, or whose file
+    name another test file has too (pytest imports each by its name alone)."""
+    files = sorted(tests.rglob("test_*.py"))
+    out = [str(p.relative_to(tests)) for p in files
+           if p.parent == tests or p.relative_to(tests).parts[0] not in TEST_FAMILIES]
+    seen: dict[str, Path] = {}
+    for p in files:
+        if p.name in seen:
+            out.append(f"{p.relative_to(tests)} (and {seen[p.name].relative_to(tests)})")
+        seen[p.name] = p
+    return out
+
+
+def test_tests_live_in_their_family_folders():
+    assert not _test_files_out_of_place(ROOT / "tests")
+    documented = (ROOT / "docs" / "development.md").read_text()
+    assert all(f"`tests/{family}/`" in documented for family in TEST_FAMILIES)
+
+
+def test_the_family_checker_sees_a_stray_and_a_twin(tmp_path):
+    for rel in ("test_top.py", "misc/test_a.py", "unit/test_b.py", "world/test_b.py",
+                "unit/test_ok.py"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("")
+    assert _test_files_out_of_place(tmp_path) == [
+        "misc/test_a.py", "test_top.py", "world/test_b.py (and unit/test_b.py)"]

@@ -1,5 +1,5 @@
 """bench/spmd.py (issue 19, item 5): its summary and its training code (its ``--smoke`` run is
-tests/test_bench_smoke.py's, with every other bench script)."""
+tests/benchmarks/test_bench_smoke.py's, with every other bench script)."""
 
 from __future__ import annotations
 

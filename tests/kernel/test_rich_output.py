@@ -135,7 +135,7 @@ def test_html_displays_rich_values_updates_clears_and_widgets(kernels):
     assert sorted(finals.values()) == ["frame 2", "frame 2"]
 
     # a worker's widget as a cell's value: a live view of a model relayed to the frontend
-    # (tests/test_worker_widgets.py follows its messages)
+    # (tests/kernel/test_worker_widgets.py follows its messages)
     status, msgs = k.cell("%%dist --ranks 2\nimport ipywidgets\nipywidgets.IntSlider(3)")
     assert status == "ok", msgs
     views = [d["data"]["application/vnd.jupyter.widget-view+json"]["model_id"]

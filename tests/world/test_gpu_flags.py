@@ -1,6 +1,6 @@
 """GPU worlds on a machine without one: every bad-input message, what a CPU world says and
 sets, and the template that never initialises CUDA (what lets a notebook that used its GPU
-start a world). The same code on a GPU: tests/test_gpu.py."""
+start a world). The same code on a GPU: tests/world/test_gpu.py."""
 
 from __future__ import annotations
 

@@ -42,7 +42,7 @@ def test_the_control_socket_is_private_while_it_listens(tmp_path):
 def test_control_socket_is_gone_once_every_rank_is_in(world):
     """After start-up nothing listens for control connections: a process without the key
     (or with it) cannot even connect; strays during start-up are refused at the handshake
-    (tests/test_protocol.py). The world keeps working."""
+    (tests/world/test_protocol.py). The world keeps working."""
     from nbdist.control.channel import connect
 
     c = world(1)
