@@ -84,26 +84,27 @@ conformance-torch-sample: $(STAMP)
 # Rewrites every file in bench/results, each naming the commit it measured (-dirty: with
 # uncommitted changes). tests/benchmarks/test_bench_smoke.py runs each script with --smoke in `make test`.
 bench: $(STAMP)
-	$(BIN)/python bench/startup.py
-	$(BIN)/python bench/_startup_whatif.py
-	$(BIN)/python bench/rpc.py
-	$(BIN)/python bench/rpc.py --unpinned
-	$(BIN)/python bench/batching.py
-	$(BIN)/python bench/metrics.py
-	$(BIN)/python bench/multihost.py
-	$(BIN)/python bench/spmd.py
-	$(BIN)/python bench/gpu.py
-	$(BIN)/python bench/output.py
-	$(BIN)/python bench/slurm.py
-	$(BIN)/python bench/ps_shm.py
-	$(BIN)/python bench/shm_fixed_cost.py
-	$(BIN)/python bench/shm_medium.py
-	$(BIN)/python bench/widgets.py
-	$(BIN)/python bench/views.py
+	$(BIN)/python bench/startup/startup.py
+	$(BIN)/python bench/startup/_startup_whatif.py
+	$(BIN)/python bench/startup/against.py
+	$(BIN)/python bench/rpc/rpc.py
+	$(BIN)/python bench/rpc/rpc.py --unpinned
+	$(BIN)/python bench/rpc/batching.py
+	$(BIN)/python bench/rpc/metrics.py
+	$(BIN)/python bench/hosts/multihost.py
+	$(BIN)/python bench/cells/spmd.py
+	$(BIN)/python bench/gpu/gpu.py
+	$(BIN)/python bench/cells/output.py
+	$(BIN)/python bench/hosts/slurm.py
+	$(BIN)/python bench/shm/ps_shm.py
+	$(BIN)/python bench/shm/shm_fixed_cost.py
+	$(BIN)/python bench/shm/shm_medium.py
+	$(BIN)/python bench/cells/widgets.py
+	$(BIN)/python bench/cells/views.py
 	$(BIN)/pip install -q --no-deps --upgrade --target .bench-peer jupyter-distributed==0.1.1
-	NBDIST_BENCH_PEER_PATH=.bench-peer $(BIN)/python bench/first_minute.py
-	$(BIN)/python bench/fail_fast.py
-	$(BIN)/python bench/lifecycle_stress.py
+	NBDIST_BENCH_PEER_PATH=.bench-peer $(BIN)/python bench/startup/first_minute.py
+	$(BIN)/python bench/lifecycle/fail_fast.py
+	$(BIN)/python bench/lifecycle/lifecycle_stress.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check nbdist tests bench docs

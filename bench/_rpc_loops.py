@@ -1,4 +1,4 @@
-"""The timed loops of ``bench/rpc.py``, shared by the plain torch child and the nbdist side
+"""The timed loops of ``bench/rpc/rpc.py``, shared by the plain torch child and the nbdist side
 (this module never imports nbdist), so both run the very same Python."""
 
 from __future__ import annotations

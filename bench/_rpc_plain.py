@@ -1,4 +1,4 @@
-"""One rank of a plain torch RPC world (no nbdist imported): the baseline of ``bench/rpc.py``.
+"""One rank of a plain torch RPC world (no nbdist imported): the baseline of ``bench/rpc/rpc.py``.
 
 ``python bench/_rpc_plain.py RANK INIT_URL``. Rank 1 serves until shutdown. Rank 0 prints
 ``ready``, then reads lines ``KIND NBYTES N WINDOW`` from stdin and answers each with one JSON

@@ -5,7 +5,7 @@ and destroys a ``PyThreadState`` (and every ``threading.local``) each time. ``pi
 more reference on the calling thread's state so it is reused; ``install()`` pins every thread
 that unpickles an RPC message, and callbacks pin theirs. Contract: a pinned state outlives its
 thread (a few KB per world, freed at exit). ``NBDIST_KEEP_THREAD_STATES=0`` turns it off
-(``bench/rpc.py --unpinned``). Measurements: ``bench/results/notes.md``.
+(``bench/rpc/rpc.py --unpinned``). Measurements: ``bench/results/notes.md``.
 """
 
 from __future__ import annotations

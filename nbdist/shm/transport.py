@@ -272,7 +272,7 @@ def _u8(addr: int, nbytes: int) -> Any:
 def _copy(dst: int, storage: Any, lo: int, nbytes: int) -> None:
     """Copy bytes ``lo``..``lo + nbytes`` of ``storage`` to address ``dst``: one ``memmove``
     in this thread (GIL released) below ``_THREADED_COPY_MIN``, torch's threaded copy above
-    (waking torch's thread pool costs more than it saves below; bench/shm_fixed_cost.py)."""
+    (waking torch's thread pool costs more than it saves below; bench/shm/shm_fixed_cost.py)."""
     if nbytes < _THREADED_COPY_MIN:
         ctypes.memmove(dst, storage.data_ptr() + lo, nbytes)
         return

@@ -3,7 +3,7 @@
 ``record_timing(observers, mode, seconds)`` from any rank: on the notebook the timing is stored
 here, on a worker it travels to the notebook with the next metrics batch (an internal record,
 so it never shows in ``history()``). Records logged with the keys in ``LOG_KEYS`` count as
-timings as well. The batching tutorial and ``bench/batching.py`` call it,
+timings as well. The batching tutorial and ``bench/rpc/batching.py`` call it,
 for example ``record_timing(4, "batch", 17.6)`` and ``record_timing(4, "no batch", 28.9)``.
 """
 

@@ -6,7 +6,8 @@ their rows with their metrics batches, and ``rpc_stats()`` on the notebook summa
 ``torch.distributed.rpc.api`` globals they look up at call time), RRef proxies and a user
 RRef's ``to_here``. Not traced: torch's own C++ messages, RPCs before rank 0's world is ready,
 calls inside ``paused()``, everything while ``enable(False)``. What each latency and byte
-count covers, and what the tracing costs: docs/how-it-works.md, Module notes; ``bench/metrics.py``.
+count covers, and what the tracing costs: docs/how-it-works.md, Module notes;
+``bench/rpc/metrics.py``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Batched and unbatched CartPole over torch RPC: one agent (rank 0), N observers (workers).
 
 Shared by ``notebooks/04_batched_vs_unbatched.ipynb`` (results, table, chart) and by
-``bench/batching.py``, a script, where the classes must live in an importable module (the
+``bench/rpc/batching.py``, a script, where the classes must live in an importable module (the
 notebook defines its own ``Policy``/``Observer``/``Agent`` in cells: they are the tutorial).
 Each observer steps a gymnasium ``CartPole-v1`` (new API) and asks the agent for each action:
 ``Agent.select_action`` answers one state at once, ``Agent.select_action_batch``

@@ -31,26 +31,27 @@ BENCH = ROOT / "bench"
 #: script -> the results files it writes (``make bench`` runs each of these); a name may be a
 #: pattern: rpc.py keeps one file per torch version and mode it measured.
 SCRIPTS = {
-    "startup.py": ["startup.json", "startup.md", "startup_growth.json", "startup_growth.md",
-                   "startup_growth.png"],
-    "_startup_whatif.py": ["startup_whatif.json"],
-    "rpc.py": ["rpc-torch-*-*.json", "rpc.md"],
-    "rpc.py --unpinned": ["rpc_unpinned.json", "rpc_unpinned.md"],
-    "batching.py": ["batching.csv", "batching.png"],
-    "metrics.py": ["metrics.json", "metrics.md"],
-    "multihost.py": ["multihost.json", "multihost.md"],
-    "spmd.py": ["spmd.json", "spmd.md"],
-    "gpu.py": ["gpu.json", "gpu.md"],
-    "output.py": ["output.json", "output.md"],
-    "slurm.py": ["slurm.json", "slurm.md"],
-    "ps_shm.py": ["ps_shm.json", "ps_shm.md"],
-    "shm_fixed_cost.py": ["shm_fixed_cost.json", "shm_fixed_cost.md"],
-    "shm_medium.py": ["shm_medium.json", "shm_medium.md"],
-    "widgets.py": ["widgets.json", "widgets.md"],
-    "views.py": ["views.json", "views.md"],
-    "first_minute.py": ["first_minute.json", "first_minute.md"],
-    "fail_fast.py": ["fail_fast.json", "fail_fast.md"],
-    "lifecycle_stress.py": ["lifecycle_stress.json", "lifecycle_stress.md"],
+    "startup/startup.py": ["startup.json", "startup.md", "startup_growth.json",
+                           "startup_growth.md", "startup_growth.png"],
+    "startup/_startup_whatif.py": ["startup_whatif.json"],
+    "startup/against.py": ["against.json", "against.md"],
+    "rpc/rpc.py": ["rpc-torch-*-*.json", "rpc.md"],
+    "rpc/rpc.py --unpinned": ["rpc_unpinned.json", "rpc_unpinned.md"],
+    "rpc/batching.py": ["batching.csv", "batching.png"],
+    "rpc/metrics.py": ["metrics.json", "metrics.md"],
+    "hosts/multihost.py": ["multihost.json", "multihost.md"],
+    "cells/spmd.py": ["spmd.json", "spmd.md"],
+    "gpu/gpu.py": ["gpu.json", "gpu.md"],
+    "cells/output.py": ["output.json", "output.md"],
+    "hosts/slurm.py": ["slurm.json", "slurm.md"],
+    "shm/ps_shm.py": ["ps_shm.json", "ps_shm.md"],
+    "shm/shm_fixed_cost.py": ["shm_fixed_cost.json", "shm_fixed_cost.md"],
+    "shm/shm_medium.py": ["shm_medium.json", "shm_medium.md"],
+    "cells/widgets.py": ["widgets.json", "widgets.md"],
+    "cells/views.py": ["views.json", "views.md"],
+    "startup/first_minute.py": ["first_minute.json", "first_minute.md"],
+    "lifecycle/fail_fast.py": ["fail_fast.json", "fail_fast.md"],
+    "lifecycle/lifecycle_stress.py": ["lifecycle_stress.json", "lifecycle_stress.md"],
 }
 #: Results other ``make`` targets write: target -> its results files (each named in its
 #: recipe without the suffix). The conformance suite is not a bench script: it runs torch's
@@ -58,9 +59,9 @@ SCRIPTS = {
 OTHER_TARGETS = {"conformance-torch": ["torch_rpc_world.json", "torch_rpc_world.md",
                                        "torch_rpc_script.json", "torch_rpc_script.md"]}
 #: Not run by the smoke test: the same code as another entry, one switch apart.
-SAME_AS = {"rpc.py --unpinned": "rpc.py"}
+SAME_AS = {"rpc/rpc.py --unpinned": "rpc/rpc.py"}
 #: Scripts with a ``__main__`` that other scripts run as their child processes.
-HELPERS = {"_startup_child.py", "_rpc_plain.py", "_raw_rpc.py"}
+HELPERS = {"startup/_startup_child.py", "_rpc_plain.py", "rpc/_raw_rpc.py"}
 #: Results files kept by hand, not written by a script: notes.md holds the measurements and
 #: history that module docstrings used to carry, under a heading per module.
 HAND_KEPT = {"notes.md"}
@@ -79,7 +80,7 @@ def _has_main(path: Path) -> bool:
 
 
 def test_every_bench_script_is_smoke_tested_and_run_by_make_bench():
-    scripts = {p.name for p in BENCH.glob("*.py") if _has_main(p)}
+    scripts = {str(p.relative_to(BENCH)) for p in BENCH.rglob("*.py") if _has_main(p)}
     listed = {s.split()[0] for s in SCRIPTS}
     assert scripts - HELPERS == listed, "a bench script without a smoke test, or a stale name"
     make = (ROOT / "Makefile").read_text()
@@ -123,8 +124,9 @@ def test_every_bench_script_runs_in_smoke_mode(tmp_path):
     slurm_why = slurm_cannot_run()
     procs: dict[str, tuple[subprocess.Popen, Path, object]] = {}
     todo = [s for s in SCRIPTS if s not in SAME_AS
-            and not (s == "multihost.py" and multihost_why is not None)  # it says why and
-            and not (s == "slurm.py" and slurm_why is not None)]  # writes nothing, as make bench
+            # each says why and writes nothing, as make bench
+            and not (s == "hosts/multihost.py" and multihost_why is not None)
+            and not (s == "hosts/slurm.py" and slurm_why is not None)]
     started: dict[str, float] = {}
     try:
         while todo or any(p.poll() is None for p, _, _ in procs.values()):
@@ -135,7 +137,7 @@ def test_every_bench_script_runs_in_smoke_mode(tmp_path):
             while todo and len(running) < AT_ONCE:
                 script = todo.pop(0)
                 name, *extra = script.split()
-                out = tmp_path / script.replace(" ", "_").replace("--", "")
+                out = tmp_path / script.replace("/", "_").replace(" ", "_").replace("--", "")
                 log = open(tmp_path / f"{out.name}.log", "w")  # noqa: SIM115 - closed below
                 procs[script] = (subprocess.Popen(
                     [sys.executable, str(BENCH / name), *extra, "--smoke", "--out", str(out)],

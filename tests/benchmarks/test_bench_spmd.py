@@ -1,4 +1,4 @@
-"""bench/spmd.py (issue 19, item 5): its summary and its training code (its ``--smoke`` run is
+"""bench/cells/spmd.py (issue 19, item 5): its summary and its training code (its ``--smoke`` run is
 tests/benchmarks/test_bench_smoke.py's, with every other bench script)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import sys
 import pytest
 from conftest import ROOT
 
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path[:0] = [str(ROOT / "bench" / "cells"), str(ROOT / "bench")]
 import spmd  # noqa: E402
 
 

@@ -5,7 +5,7 @@ during ``%%dist`` shows one short block per rank at the user's line, the kernel 
 Timing budgets hold on an idle machine of the project's kind; where a test runs on a loaded
 one, the ``%load_ext`` budget grows with how much slower than usual ``import torch`` is
 measured beside it (``_load_factor``), never below the issue's figure. "Ready one import of
-torch plus 0.5 s after ``%load_ext``" is measured by ``bench/first_minute.py``: on a loaded
+torch plus 0.5 s after ``%load_ext``" is measured by ``bench/startup/first_minute.py``: on a loaded
 machine every process's import competes for the same cores, so the test checks the shape
 instead (both imports under way when ``%load_ext`` returns).
 """

@@ -2,7 +2,7 @@
 comes while ``--heal`` rebuilds the world (right after a crash is announced, when users act)
 ends in the state the user was told, in a real kernel: a stop stops every rank, the
 replacement included, and the next start works; a restart gives a new world; an exit does not
-wait out the heal. ``bench/lifecycle_stress.py`` runs each case 20 times; here a few."""
+wait out the heal. ``bench/lifecycle/lifecycle_stress.py`` runs each case 20 times; here a few."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ ACT = ("c = _lifecycle.into_heal(3, {delay})\n"
 
 SETUP = f"""
 import sys, time
-sys.path.insert(0, {str(ROOT / "bench")!r})
+sys.path.insert(0, {str(ROOT / "bench" / "lifecycle")!r})
 import nbdist, _lifecycle
 %load_ext nbdist
 %dist_start 3 --heal
@@ -102,7 +102,7 @@ print("exiting", time.time(), flush=True)
 @pytest.mark.parametrize("delay", [0.0, 0.15])
 def test_exit_during_a_heal_does_not_wait_it_out(delay, tmp_path):
     script = tmp_path / "exit_during_heal.py"
-    script.write_text(EXIT_SCRIPT.format(bench=str(ROOT / "bench"), delay=delay))
+    script.write_text(EXIT_SCRIPT.format(bench=str(ROOT / "bench" / "lifecycle"), delay=delay))
     for _ in range(ROUNDS):
         t0 = time.monotonic()
         proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
@@ -120,8 +120,8 @@ def test_exit_during_a_heal_does_not_wait_it_out(delay, tmp_path):
         assert time.monotonic() - t0 < 110
 
 
-#: Seeds that once failed (bench/lifecycle_stress.py), kept. Seeds 0 and 6 kill a rank while
-#: rank 0 is inside a heal's init_rpc. Seed 0: the late agent that call left made the next
+#: Seeds that once failed (bench/lifecycle/lifecycle_stress.py), kept. Seeds 0 and 6 kill a rank
+#: while rank 0 is inside a heal's init_rpc. Seed 0: the late agent that call left made the next
 #: start fail with "RPC is already initialized" (fixed: ``session._drop_late_agent``). Both:
 #: the call outlived the heal by a minute or more, inside Gloo's retried connects to the dead
 #: peer, the agent's start reading each peer's address from the file store, or the last

@@ -38,7 +38,7 @@ def test_four_ranks_5000_records_each_arrive_in_order(ipython, kind):
     c = nbdist.current()
     ipython.run_cell_magic("dist", "", "import nbdist\nfor i in range(5000):\n"
                                        "    nbdist.log(i=i, reward=i * 0.5)\n")
-    # "it hangs" deadline; how fast records arrive is measured in bench/metrics.py
+    # "it hangs" deadline; how fast records arrive is measured in bench/rpc/metrics.py
     rows = wait_until(lambda: (len(h := nbdist.history()) >= 20000) and h, 60,
                       "20,000 records from the cell")
     assert len(rows) == 20000

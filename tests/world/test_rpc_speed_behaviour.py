@@ -118,7 +118,7 @@ def on_done(_fut):
 def test_rpc_threads_keep_their_python_state_between_calls(shell):
     """torch's RPC threads keep one Python thread state (and so their thread-locals) from
     call to call, on the callee and on the caller's callback threads: a fresh state per call
-    was most of nbdist's per-call cost (bench/rpc.py)."""
+    was most of nbdist's per-call cost (bench/rpc/rpc.py)."""
     assert shell.run_cell(KEEP).success
     seen_by_callee = ev(shell, "[rpc.rpc_sync('obs1', bump_local) for _ in range(64)]")
     assert max(seen_by_callee) > 1, seen_by_callee  # 64 calls on at most 16 threads

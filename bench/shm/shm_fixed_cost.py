@@ -1,6 +1,6 @@
 """Where the shared-memory path's time goes in one message, and where it beats TensorPipe.
 
-``python bench/shm_fixed_cost.py`` (part of ``make bench``; issue 35). This process is rank 0
+``python bench/shm/shm_fixed_cost.py`` (part of ``make bench``; issue 35). This process is rank 0
 of ``nbdist.start(1)``; it echoes one float32 tensor to ``worker1`` and back.
 
 - **Breakdown**: timing probes are wrapped (here, by this script, in both processes) around the
@@ -37,7 +37,7 @@ import torch
 import torch.distributed.rpc as rpc
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+sys.path[:0] = [str(HERE), str(HERE.parent)]  # this family's helpers, then bench/'s
 import _common  # noqa: E402
 from _shm_probes import (  # noqa: E402
     clear,
@@ -198,7 +198,7 @@ def render(res: dict) -> str:
              "",
              f"Measured at commit {res['commit']} on {res['machine']} ({res['cpus']} CPUs; "
              f"{res['load']}), torch {res['torch']}, {res['when']}. "
-             "Written by `python bench/shm_fixed_cost.py`.",
+             "Written by `python bench/shm/shm_fixed_cost.py`.",
              "",
              "## One echo to worker1 and back, phase by phase (µs; faults: count)",
              "",

@@ -1,6 +1,6 @@
-"""Bench-only child processes for ``bench/startup.py``; one measurement per process.
+"""Bench-only child processes for ``bench/startup/startup.py``; one measurement per process.
 
-``python bench/_startup_child.py MODE N`` prints one line ``RESULT {json}`` on stdout:
+``python bench/startup/_startup_child.py MODE N`` prints one line ``RESULT {json}`` on stdout:
 
 - ``nbdist N``: a fresh "notebook" process: ``import torch`` (timed on its own), ``import
   nbdist``, then ``nbdist.start(N, quiet=True)`` with no template running yet (cold start).
@@ -35,7 +35,8 @@ def _emit(kind: str, payload: object) -> None:
 
 
 def _tree_cpu() -> float:
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    sys.path[:0] = [os.path.dirname(os.path.abspath(__file__)),
+                    os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
     import _common
 
     return _common.tree_cpu()
@@ -50,7 +51,8 @@ def run_nbdist(n: int) -> dict:
     import nbdist
 
     t2 = time.perf_counter()
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    sys.path[:0] = [os.path.dirname(os.path.abspath(__file__)),
+                    os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
     import _startup_phases as phases
 
     phases.install()

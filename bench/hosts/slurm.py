@@ -1,6 +1,6 @@
 """``--slurm`` on the SLURM test bed beside ipyparallel's and dask-jobqueue's SLURM clusters.
 
-``python bench/slurm.py [--rounds N]`` (part of ``make bench``; needs the test bed
+``python bench/hosts/slurm.py [--rounds N]`` (part of ``make bench``; needs the test bed
 ``../shared/slurm`` and root, else it says why and writes nothing). One run, 2 nodes of 2 CPUs,
 4 remote workers each way, ``--rounds`` times interleaved:
 
@@ -32,10 +32,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests"))
+sys.path.insert(0, str(HERE.parents[1] / "tests"))
 from slurmbed import IFACE, SlurmBed, cannot_run, jobs  # noqa: E402
 
-sys.path.insert(0, str(HERE))
+sys.path[:0] = [str(HERE), str(HERE.parent)]  # this family's helpers, then bench/'s
 import _common  # noqa: E402
 
 import nbdist  # noqa: E402
@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     why = cannot_run()
     if why is not None:
-        print(f"bench/slurm.py skipped: {why}")
+        print(f"bench/hosts/slurm.py skipped: {why}")
         return 0
     import torch
 

@@ -1,6 +1,6 @@
 """What a tab per rank and widgets from workers cost, in a real kernel (issue 37, items 5-6).
 
-``python bench/widgets.py`` (part of ``make bench``). One Jupyter kernel, ``%dist_start 2``.
+``python bench/cells/widgets.py`` (part of ``make bench``). One Jupyter kernel, ``%dist_start 2``.
 
 After one cell of each kind (unmeasured: the first use imports ipywidgets), rounds:
 
@@ -31,7 +31,8 @@ from pathlib import Path
 
 from jupyter_client.manager import KernelManager
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+_FAMILY = Path(__file__).resolve().parent
+sys.path[:0] = [str(_FAMILY), str(_FAMILY.parent)]  # this family's helpers, then bench/'s
 import _common  # noqa: E402
 
 __all__ = ["main", "run_cell"]
@@ -134,7 +135,7 @@ def main() -> None:
         f"{summary['machine']}, {summary['date']})",
         "",
         f"Medians of {rounds} interleaved rounds, one kernel, 2 workers; "
-        "`python bench/widgets.py`.",
+        "`python bench/cells/widgets.py`.",
         "",
         f"| 2 ranks print {lines:,} lines each | seconds to idle | iopub messages | "
         "iopub bytes |",

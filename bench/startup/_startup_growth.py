@@ -1,4 +1,4 @@
-"""Part of ``bench/startup.py``: how restart time and the ``%%dist`` round trip grow with N,
+"""Part of ``bench/startup/startup.py``: how restart time and the ``%%dist`` round trip grow with N,
 and the warm first start (``%load_ext nbdist`` then ``%dist_start 4`` a second later).
 
 Growth: in this process, for N = 1, 2, 4, 8, 16 (on 2 cores, 8 and 16 are oversubscribed:

@@ -1,8 +1,8 @@
 """Medium messages through the shared-memory path against plain torch (issue 35).
 
-``python bench/shm_medium.py`` (part of ``make bench``). In one run: this process is rank 0
+``python bench/shm/shm_medium.py`` (part of ``make bench``). In one run: this process is rank 0
 of ``nbdist.start(1)``, and a plain torch world of two processes that never import nbdist
-(``_rpc_plain.py``, driven as ``bench/rpc.py`` does) runs beside it. Contenders take turns
+(``_rpc_plain.py``, driven as ``bench/rpc/rpc.py`` does) runs beside it. Contenders take turns
 block by block (``--block`` calls each), the order rotating every round:
 
 - **One tensor**: echo of a float32 tensor of 0.25, 0.5, 1, 2, 4, 8 and 16 MB to the peer and
@@ -41,13 +41,13 @@ import torch
 import torch.distributed.rpc as rpc
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+sys.path[:0] = [str(HERE), str(HERE.parent)]  # this family's helpers, then bench/'s
 import _common  # noqa: E402
 from _echo import echo, held, nbytes_of  # noqa: E402
+from _plain_world import Plain  # noqa: E402
 from _rpc_loops import measure_large, tensor  # noqa: E402
 from _shapes import resnet50_tensors  # noqa: E402
 from _shm_probes import set_min_bytes, set_pack_bytes  # noqa: E402
-from rpc import Plain  # noqa: E402
 
 import nbdist  # noqa: E402
 from nbdist.shm import transport as shm  # noqa: E402
@@ -144,7 +144,7 @@ def render(res: dict) -> str:
              f"1-min load {res['load_start']} at the start, {res['load_end']} at the end; "
              "other jobs shared the machine), torch "
              f"{res['torch']}, {res['when']}; {res['seconds']} s. Written by "
-             "`python bench/shm_medium.py`. Contenders take turns in blocks of "
+             "`python bench/shm/shm_medium.py`. Contenders take turns in blocks of "
              f"{res['block']} calls, the order rotating every round, {res['rounds']} rounds "
              "(after one block each of warm-up). Each cell: best / median ms per echo; in "
              "brackets plain torch / contender, best / median (> 1: faster than plain "

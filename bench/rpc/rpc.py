@@ -1,6 +1,6 @@
 """RPC at torch's own speed? nbdist (notebook-defined functions) vs plain torch vs ipyparallel.
 
-``python bench/rpc.py [--quick]`` (part of ``make bench``). In one run, in interleaved rounds
+``python bench/rpc/rpc.py [--quick]`` (part of ``make bench``). In one run, in interleaved rounds
 (the order flips every round, so a busy spell of a shared machine hits both sides):
 
 - **plain torch**: two processes that never import nbdist (``_rpc_plain.py``), the function
@@ -34,7 +34,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -45,8 +44,9 @@ import torch
 import torch.distributed.rpc as rpc
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+sys.path[:0] = [str(HERE), str(HERE.parent)]  # this family's helpers, then bench/'s
 import _common  # noqa: E402
+from _plain_world import Plain  # noqa: E402
 from _rpc_loops import (  # noqa: E402
     KINDS,
     LARGE,
@@ -104,57 +104,6 @@ def _plan(quick: bool | str) -> dict[str, tuple[int, int]]:
                 "64 MB": (2, 2)}
     return {"16 B": (1500, 32), "64 KB": (600, 16), "1 MB": (150, 8), "16 MB": (20, 4),
             "64 MB": (6, 2)}
-
-
-class Plain:
-    """Rank 0 of a plain torch world in a child process, driven over its stdin."""
-
-    def __init__(self, tmp: str) -> None:
-        init = f"file://{tmp}/plain-rpc"
-        env = dict(os.environ, PYTHONPATH=str(HERE))
-        script = str(HERE / "_rpc_plain.py")
-        self.server = subprocess.Popen([sys.executable, script, "1", init, "1"], env=env,
-                                       stdin=subprocess.DEVNULL)
-        self.driver = subprocess.Popen([sys.executable, script, "0", init, "1"], env=env,
-                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        assert self.driver.stdout is not None
-        line = self.driver.stdout.readline()
-        if line.strip() != "ready":
-            raise RuntimeError(f"plain torch world did not start: {line!r}")
-
-    def measure(self, kind: str, nbytes: int, n: int, window: int) -> list[float]:
-        assert self.driver.stdin is not None and self.driver.stdout is not None
-        self.driver.stdin.write(f"{kind} {nbytes} {n} {window}\n")
-        self.driver.stdin.flush()
-        return json.loads(self.driver.stdout.readline())
-
-    def measure_large(self, kind: str, nbytes: int, n: int) -> list[float]:
-        assert self.driver.stdin is not None and self.driver.stdout is not None
-        self.driver.stdin.write(f"large {kind} {nbytes} {n}\n")
-        self.driver.stdin.flush()
-        return json.loads(self.driver.stdout.readline())
-
-    def measure_many(self, scale: float, n: int) -> list[float]:
-        """Seconds per echo of ResNet-50's 161 tensors (``_shapes.resnet50_tensors``)."""
-        assert self.driver.stdin is not None and self.driver.stdout is not None
-        self.driver.stdin.write(f"many {scale} {n}\n")
-        self.driver.stdin.flush()
-        return json.loads(self.driver.stdout.readline())
-
-    def stop(self) -> None:
-        try:
-            if self.driver.poll() is None and self.driver.stdin is not None:
-                self.driver.stdin.write("quit\n")
-                self.driver.stdin.flush()
-            for p in (self.driver, self.server):
-                p.wait(30)
-        except (subprocess.TimeoutExpired, OSError):
-            pass
-        finally:
-            for p in (self.driver, self.server):
-                if p.poll() is None:
-                    p.kill()
-                    p.wait(10)
 
 
 def _stats(xs: list[float]) -> dict:
@@ -392,9 +341,9 @@ def render_all(results: Path = _common.RESULTS) -> str:
     """``rpc.md``: one section per torch version (and mode) that has a result file."""
     runs = sorted(results.glob("rpc-torch-*.json"), key=_version_key)
     lines = ["# RPC: nbdist vs plain torch vs ipyparallel, per torch version", "",
-             "One section per `bench/rpc.py` run kept in `bench/results/rpc-torch-*.json` "
-             "(`python bench/rpc.py [--quick]` in a venv with that torch: "
-             "`make bench TORCH=2.14.1` or `.venv-torch-2.14.1/bin/python bench/rpc.py`). "
+             "One section per `bench/rpc/rpc.py` run kept in `bench/results/rpc-torch-*.json` "
+             "(`python bench/rpc/rpc.py [--quick]` in a venv with that torch: "
+             "`make bench TORCH=2.14.1` or `.venv-torch-2.14.1/bin/python bench/rpc/rpc.py`). "
              "Each run compares nbdist with plain torch of the same version, interleaved. "
              "For 16 MB and 64 MB read the best-of-N column: their medians swing "
              "0.6-1.8x from run to run on this machine, on every version.", ""]

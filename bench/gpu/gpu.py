@@ -1,6 +1,6 @@
 """GPU worlds: the batched-RPC tutorial's agent on CUDA, CUDA tensors over RPC, start cost.
 
-``python bench/gpu.py`` (part of ``make bench``), on a machine with CUDA. This process is
+``python bench/gpu/gpu.py`` (part of ``make bench``), on a machine with CUDA. This process is
 rank 0 and owns the GPU it used before any world started. Three measurements:
 
 1. **Batched vs unbatched**, 10 observers (the tutorial's largest figure), the agent's policy on
@@ -32,7 +32,8 @@ import torch
 import nbdist
 from nbdist.tutorials import batching
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+_FAMILY = Path(__file__).resolve().parent
+sys.path[:0] = [str(_FAMILY), str(_FAMILY.parent)]  # this family's helpers, then bench/'s
 import _common  # noqa: E402
 
 __all__ = ["main", "round_trips", "start_times", "batching_runs"]
@@ -122,7 +123,7 @@ def start_times(n: int, repeats: int) -> dict:
 
 
 def _markdown(res: dict) -> str:
-    lines = [f"# GPU worlds (bench/gpu.py)\n\nnbdist at {res['commit']}, torch "
+    lines = [f"# GPU worlds (bench/gpu/gpu.py)\n\nnbdist at {res['commit']}, torch "
              f"{res['torch']}, {res['gpu']}, {os.cpu_count()} CPU cores.\n"]
     if res.get("note"):
         lines.append(f"{res['note']}\n")
@@ -172,7 +173,7 @@ def main(argv: list[str] | None = None) -> None:
     if not cuda:
         res["note"] = ("No CUDA on this machine: the agent ran on the CPU only; the CUDA "
                        "round trip and the GPU start-up were skipped.")
-        print("bench/gpu.py: " + res["note"], flush=True)
+        print("bench/gpu/gpu.py: " + res["note"], flush=True)
     res["batching"] = batching_runs(["cuda:0", "cpu"] if cuda else ["cpu"], args.observers,
                                     args.episodes, args.steps, args.repeats)
     if cuda:

@@ -17,7 +17,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+_FAMILY = Path(__file__).resolve().parent
+sys.path[:0] = [str(_FAMILY), str(_FAMILY.parent)]  # this family's helpers, then bench/'s
 import _common  # noqa: E402
 
 __all__ = ["main"]
@@ -77,7 +78,7 @@ def main() -> int:
         "rounds": rows, "medians": medians}, indent=2) + "\n")
     (out / "fail_fast.md").write_text(
         f"# A failed --local cell, then a --process-group start (commit {commit})\n\n"
-        f"Median of {rounds} rounds, seconds (`python bench/fail_fast.py`):\n\n"
+        f"Median of {rounds} rounds, seconds (`python bench/lifecycle/fail_fast.py`):\n\n"
         "| failing cell | `--process-group` start after it | same start after a clean stop |\n"
         "|---|---|---|\n"
         f"| {medians['failing_cell_s']:.2f} | {medians['start_after_it_s']:.2f} | "

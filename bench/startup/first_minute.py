@@ -1,6 +1,6 @@
 """The first minute and Ctrl-C, in real kernels: nbdist beside jupyter-distributed, 4 ranks.
 
-``python bench/first_minute.py`` (part of ``make bench``). Each round starts a fresh Jupyter
+``python bench/startup/first_minute.py`` (part of ``make bench``). Each round starts a fresh Jupyter
 kernel per contender, the contenders taking turns (the order rotates), and drives it headless
 through jupyter_client, as a notebook would, each cell sent the moment the last one replied:
 
@@ -46,8 +46,8 @@ from pathlib import Path
 import psutil
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "tests"))
+sys.path[:0] = [str(HERE), str(HERE.parent)]  # this family's helpers, then bench/'s
+sys.path.insert(0, str(HERE.parents[1] / "tests"))
 import _common  # noqa: E402
 from kernel_helpers import Kernel  # noqa: E402
 
@@ -221,7 +221,8 @@ def markdown(res: dict) -> str:
              f"At commit {meta['commit']}, {meta['when']}, {meta['cores']} cores, torch "
              f"{meta['torch']}, load average {meta['load_start']} at the start and "
              f"{meta['load_end']} at the end (other work shared the machine). {meta['rounds']} "
-             f"rounds, contenders interleaved; medians. Rerun: `python bench/first_minute.py`.",
+             f"rounds, contenders interleaved; medians. Rerun: "
+             "`python bench/startup/first_minute.py`.",
              ""]
     if meta.get("peer") is None:
         lines += [f"{PEER} was not importable (`pip install --target DIR jupyter-distributed`,"

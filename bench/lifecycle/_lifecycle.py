@@ -1,7 +1,7 @@
 """Steps of issue 45's life-cycle checks, run inside a notebook (a real kernel's cell, or an
 in-process IPython shell): act at a chosen moment of a heal, then check that the processes
 alive are exactly the ranks ``%dist_status`` lists and that ``nbdist.current()`` agrees.
-``tests/kernel/test_lifecycle.py`` and ``bench/lifecycle_stress.py`` share them.
+``tests/kernel/test_lifecycle.py`` and ``bench/lifecycle/lifecycle_stress.py`` share them.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """What running SPMD code from a notebook costs: FSDP2 in `%%dist --local`, and the DDP
 tutorial's `mp.spawn` from a cell, each beside torchrun (and plain `mp.spawn`).
 
-``python bench/spmd.py [--smoke]`` (part of ``make bench``). The same training code (a small
+``python bench/cells/spmd.py [--smoke]`` (part of ``make bench``). The same training code (a small
 MLP wrapped in ``fully_shard`` over a 1-D CPU mesh, gloo, plain SGD) runs
 
 * **nbdist**: ``%dist_start N --process-group gloo`` in an IPython shell of this process (rank
@@ -58,7 +58,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+sys.path[:0] = [str(HERE), str(HERE.parent)]  # this family's helpers, then bench/'s
 import _common  # noqa: E402
 
 __all__ = ["main", "summarize_tutorial", "train_code"]
@@ -118,7 +118,7 @@ dist.destroy_process_group()
 
 #: Notebook 11 pastes the DDP tutorial (pytorch/tutorials, intermediate_source/ddp_tutorial.rst)
 #: as published, the CUDA devices of its demos changed to the CPU; the bench runs those cells.
-NOTEBOOK = HERE.parent / "notebooks" / "11_ddp_tutorial.ipynb"
+NOTEBOOK = HERE.parents[1] / "notebooks" / "11_ddp_tutorial.ipynb"
 
 
 def _tutorial_cells() -> tuple[str, str]:

@@ -1,6 +1,6 @@
 """Batched vs unbatched CartPole over torch RPC, 1/2/4/8 observers, as in the PyTorch tutorial.
 
-``python bench/batching.py`` (part of ``make bench``). This process is the agent (rank 0); every
+``python bench/rpc/batching.py`` (part of ``make bench``). This process is the agent (rank 0); every
 observer count gets a fresh world (``Cluster.restart``), and in it each mode runs ``--repeats``
 times, the modes taking turns at going first so that neither always meets the fresh processes
 or a slow spell of a shared machine. Each run is ``--episodes`` episodes of ``--steps`` steps
@@ -33,7 +33,8 @@ import torch  # noqa: E402
 import nbdist  # noqa: E402
 from nbdist.tutorials import batching  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+_FAMILY = Path(__file__).resolve().parent
+sys.path[:0] = [str(_FAMILY), str(_FAMILY.parent)]  # this family's helpers, then bench/'s
 import _common  # noqa: E402
 
 __all__ = ["TUTORIAL", "main", "measure", "plot"]

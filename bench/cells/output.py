@@ -1,6 +1,6 @@
 """What merging equal lines of many ranks (``aggregate``) costs and gives, with it off and on.
 
-``python bench/output.py`` (part of ``make bench``). In one world of 8 workers:
+``python bench/cells/output.py`` (part of ``make bench``). In one world of 8 workers:
 
 1. **Delay of a line nothing merges with**: outside any cell, 3 ranks each print a line
    stamped with the time every 0.2 s (RPCs running on them); from print to the router's
@@ -36,7 +36,8 @@ import torch.distributed.rpc as rpc
 import nbdist
 from nbdist.output.router import Router
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+_FAMILY = Path(__file__).resolve().parent
+sys.path[:0] = [str(_FAMILY), str(_FAMILY.parent)]  # this family's helpers, then bench/'s
 import _common  # noqa: E402
 
 __all__ = ["bench_delay", "bench_flood", "bench_together", "main"]
@@ -140,7 +141,7 @@ def _markdown(r: dict) -> str:
     d, t, f = r["delay"], r["together"], r["flood"]
     m = r["meta"]
     return "\n".join([
-        "# Merged output of many ranks (bench/output.py)", "",
+        "# Merged output of many ranks (bench/cells/output.py)", "",
         f"{m['when']} · {m['cores']} cores · load average (1m) {m['load_start']} at start, "
         f"{m['load_end']} at end · torch {m['torch']} · Python {m['python']} · nbdist at "
         f"{m['commit']} · {m['workers']} workers", "",

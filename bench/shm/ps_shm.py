@@ -1,6 +1,6 @@
 """A parameter server's step time with the shared-memory path off and on (issue 29).
 
-``python bench/ps_shm.py`` (part of ``make bench``). The batch-updating parameter server of
+``python bench/shm/ps_shm.py`` (part of ``make bench``). The batch-updating parameter server of
 pytorch/examples ``distributed/rpc/batch/parameter_server.py`` and of notebook 03: every
 trainer sends its gradients to the server (``@rpc.functions.async_execution``), the server
 steps once it has them all and returns the model to every trainer. The server is rank 0 (this
@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from torch import optim
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+sys.path[:0] = [str(HERE), str(HERE.parent)]  # this family's helpers, then bench/'s
 import _common  # noqa: E402
 from _shapes import resnet50_shapes  # noqa: E402
 
@@ -218,7 +218,7 @@ def render(res: dict) -> str:
              f"{res['when']}; {res['rounds']} rounds interleaved (off/on order flips), "
              f"{res['steps']} steps each after one warm-up, a fresh world per run; 1-min load "
              f"average {res['load_1min']} at the end (on a shared machine the figures are "
-             "noisy: read the ratio). `python bench/ps_shm.py`.", "",
+             "noisy: read the ratio). `python bench/shm/ps_shm.py`.", "",
              "On a loaded machine the second world of an off/on pair often ran slower "
              "whichever it was (a separate check of DigitsNet, 20 steps, off-on-on-off: "
              "11, 62, 11, 59 ms per step): small-step rows are dominated by that order "

@@ -1,6 +1,6 @@
 """A world across hosts vs a local one: time to ready and RPC round trips.
 
-``python bench/multihost.py [--rounds N]`` (part of ``make bench``; needs root for network
+``python bench/hosts/multihost.py [--rounds N]`` (part of ``make bench``; needs root for network
 namespaces, else it says why and writes nothing). Hosts are faked as in the tests
 (``tests/fakehosts.py``): network namespaces on a bridge, launcher ``ip netns exec``, so the
 "network" is a veth pair and a bridge in one kernel: the figures show nbdist's own costs on
@@ -31,10 +31,10 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests"))
+sys.path.insert(0, str(HERE.parents[1] / "tests"))
 from fakehosts import FakeHosts, can_make_namespaces  # noqa: E402
 
-sys.path.insert(0, str(HERE))
+sys.path[:0] = [str(HERE), str(HERE.parent)]  # this family's helpers, then bench/'s
 import _common  # noqa: E402
 
 import nbdist  # noqa: E402
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     why = can_make_namespaces()
     if why is not None:
-        print(f"bench/multihost.py skipped: fake hosts need network namespaces ({why})")
+        print(f"bench/hosts/multihost.py skipped: fake hosts need network namespaces ({why})")
         return 0
     import torch
 

@@ -1,6 +1,6 @@
 """Time to a ready world: nbdist cold start and restart vs ipyparallel and mp.spawn + init_rpc.
 
-``python bench/startup.py [--quick]`` (part of ``make bench``). For N = 1, 2, 4, 8 workers
+``python bench/startup/startup.py [--quick]`` (part of ``make bench``). For N = 1, 2, 4, 8 workers
 (``--quick``: 1 and 4, fewer repetitions) every contender is measured in the same run, taking
 turns within each repetition (the order rotates), so that a busy spell of a shared machine
 hits all of them:
@@ -62,7 +62,7 @@ import psutil
 
 HERE = Path(__file__).resolve().parent
 CHILD = HERE / "_startup_child.py"
-sys.path.insert(0, str(HERE))
+sys.path[:0] = [str(HERE), str(HERE.parent)]  # this family's helpers, then bench/'s
 
 import _common  # noqa: E402
 import _startup_phases as phases  # noqa: E402
@@ -505,7 +505,7 @@ def render(res: dict) -> str:
     ns = res["settings"]["workers"]
     st, cpu = res["start_seconds"], res["cpu_seconds"]
     lines = [
-        "# Start-up benchmark (bench/startup.py)",
+        "# Start-up benchmark (bench/startup/startup.py)",
         "",
         f"{m['date']} · {m['cores']} cores · load average (1m) {m['load_start'][0]:.1f} at start, "
         f"{m['load_end'][0]:.1f} at end · torch {m['torch']} · ipyparallel {m['ipyparallel']} "
@@ -550,7 +550,7 @@ def render(res: dict) -> str:
     if ph:
         cols = [p for p in phases.PHASES if any(p in v for d in ph.values() for v in d.values())]
         lines += ["", "Where nbdist's time goes (median seconds per phase; see "
-                  "bench/_startup_phases.py):", "",
+                  "bench/startup/_startup_phases.py):", "",
                   "| start | N | " + " | ".join(cols) + " |", "|---" * (len(cols) + 2) + "|"]
         for k in ("nbdist_cold", "nbdist_warm", "nbdist_restart"):
             for n in ns:
@@ -593,12 +593,12 @@ def _snapshot(dest: Path) -> Path:
     one version. This process and its children run in ``dest`` (``python -m nbdist.proc.template``
     puts the working directory first on ``sys.path``) with ``dest`` first on ``PYTHONPATH``.
     """
-    shutil.copytree(HERE.parent / "nbdist", dest / "nbdist",
+    shutil.copytree(HERE.parents[1] / "nbdist", dest / "nbdist",
                     ignore=shutil.ignore_patterns("__pycache__"))
     sys.path.insert(0, str(dest))
     os.chdir(dest)
     os.environ["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(dest), str(HERE.parent), os.environ.get("PYTHONPATH", "")) if p)
+        p for p in (str(dest), str(HERE.parents[1]), os.environ.get("PYTHONPATH", "")) if p)
     return dest
 
 
@@ -611,7 +611,7 @@ def _nbdist_version() -> dict:
     """The commit the sources were copied at and the files modified in the working tree."""
     out: dict[str, Any] = {}
     with contextlib.suppress(OSError, subprocess.SubprocessError):
-        root = str(HERE.parent)
+        root = str(HERE.parents[1])
         out["commit"] = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"],
                                        capture_output=True, text=True, timeout=10).stdout.strip()
         dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "nbdist"],

@@ -1,6 +1,6 @@
 """What logging and RPC tracing cost: the metrics stream, a worker's slowdown, RPC latency.
 
-``python bench/metrics.py [--quick]`` (part of ``make bench``). In one run:
+``python bench/rpc/metrics.py [--quick]`` (part of ``make bench``). In one run:
 
 1. **Stream**: 4 worker ranks each log ``--records`` records in a tight loop from one
    ``%%dist``-style cell; records/second end to end (cell start to the last record in rank 0's
@@ -14,7 +14,7 @@
    record's arrival on rank 0.
 3. **RPC latency**: ``rpc_sync`` echo of a one-element tensor to one worker, with nbdist's
    tracing on, tracing off (twice: the second is an A/A control that shows the noise), and
-   in a plain torch world (two processes that never import nbdist: ``bench/_raw_rpc.py``);
+   in a plain torch world (two processes that never import nbdist: ``bench/rpc/_raw_rpc.py``);
    blocks of ``--calls`` calls, the modes taking turns in rotating order, ``--blocks`` times.
    Overhead of tracing = median(on) / median(off) - 1, also per round and best block.
 4. **Drawing**: milliseconds to draw each dashboard panel from 4 ranks x 5,000 points.
@@ -54,7 +54,8 @@ import torch.distributed.rpc as rpc
 import nbdist
 from nbdist.telemetry import records, tracing
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+_FAMILY = Path(__file__).resolve().parent
+sys.path[:0] = [str(_FAMILY), str(_FAMILY.parent)]  # this family's helpers, then bench/'s
 import _common  # noqa: E402
 from _echo import echo  # noqa: E402
 
@@ -189,7 +190,8 @@ class RawWorld:
     def __init__(self) -> None:
         self.dir = tempfile.mkdtemp(prefix="nbdist-raw-")
         init = f"file://{self.dir}/rpc"
-        env = dict(os.environ, PYTHONPATH=str(HERE), OMP_NUM_THREADS="1")
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), str(HERE.parent)]),
+                   OMP_NUM_THREADS="1")
         cmd = [sys.executable, str(HERE / "_raw_rpc.py")]
         self.procs = [subprocess.Popen(cmd + [str(r), init], env=env, text=True,
                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE)
@@ -408,7 +410,7 @@ def _markdown(res: dict) -> str:
     s, r, d = res["stream"], res["rpc"], res["draw_ms"]
     w1 = res["slowdown"][-1]
     lines = [
-        "# Metrics stream and RPC tracing (bench/metrics.py)", "",
+        "# Metrics stream and RPC tracing (bench/rpc/metrics.py)", "",
         f"{res['when']} · {res['cores']} cores · load average (1m) {res['load_start']} at start,"
         f" {res['load_end']} at end · torch {res['torch']} · Python {res['python']}"
         f" · nbdist at {res.get('commit', '?')}", "",

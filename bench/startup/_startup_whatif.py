@@ -1,8 +1,9 @@
-"""Bench-only what-if: how fast would nbdist start with the fixes ``bench/startup.py`` suggests?
+"""Bench-only what-if: how fast would nbdist start with the fixes ``bench/startup/startup.py``
+suggests?
 
-``python bench/_startup_whatif.py [--n 4] [--rounds 3] [--restarts 3]`` runs, for each variant
-in turn (the order rotates per round, so a busy spell of a shared machine hits all of them), a
-fresh "notebook" process that has imported torch, times ``nbdist.start(n)`` (cold) and then
+``python bench/startup/_startup_whatif.py [--n 4] [--rounds 3] [--restarts 3]`` runs, for each
+variant in turn (the order rotates per round, so a busy spell of a shared machine hits all of
+them), a fresh "notebook" process that has imported torch, times ``nbdist.start(n)`` (cold) and then
 ``c.restart(n)`` a few times. Nothing in ``nbdist`` is edited: each variant is applied from the
 outside, by starting the template through this file and by replacing one function:
 
@@ -105,7 +106,7 @@ def _template(fd: int, runtime_dir: str) -> None:
 def _measure(variant: str, n: int, restarts: int) -> dict:
     import torch  # noqa: F401  (the notebook's first cell, untimed)
 
-    sys.path.insert(0, str(HERE))
+    sys.path[:0] = [str(HERE), str(HERE.parent)]
     import _startup_phases as phases
     from startup import _tree_cpu
 
@@ -150,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--restarts", type=int, default=3)
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
     ap.add_argument("--timeout", type=float, default=600.0)
-    sys.path.insert(0, str(HERE))
+    sys.path[:0] = [str(HERE), str(HERE.parent)]
     import _common
 
     _common.add_arguments(ap)

@@ -1,6 +1,6 @@
-"""One rank of a plain torch RPC world (no nbdist imported): the baseline for bench/metrics.py.
+"""One rank of a plain torch RPC world (no nbdist imported): the baseline for bench/rpc/metrics.py.
 
-``python bench/_raw_rpc.py RANK INIT_URL``. Rank 1 serves until shutdown. Rank 0 reads lines
+``python bench/rpc/_raw_rpc.py RANK INIT_URL``. Rank 1 serves until shutdown. Rank 0 reads lines
 from stdin: ``N`` runs N ``rpc_sync`` echo calls of a one-element tensor and prints their
 latencies in microseconds as one JSON list; ``quit`` shuts the world down.
 """

@@ -5,7 +5,7 @@ SIGINT to it, as Jupyter's interrupt is): each of the issue's three cases (a sto
 the process's exit, right after a SIGKILL while ``--heal`` rebuilds the world) ``--rounds``
 times, then ``--seeds`` seeded random sequences of ``--steps`` steps (start, stop, restart,
 ``--keep``, grow, shrink, SIGKILL, Ctrl-C of a cell and of a start), each step checked
-(``bench/_lifecycle.py``). Writes ``bench/results/lifecycle_stress.json`` and ``.md``.
+(``bench/lifecycle/_lifecycle.py``). Writes ``bench/results/lifecycle_stress.json`` and ``.md``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+_FAMILY = Path(__file__).resolve().parent
+sys.path[:0] = [str(_FAMILY), str(_FAMILY.parent)]  # this family's helpers, then bench/'s
 import _common  # noqa: E402
 import _lifecycle  # noqa: E402
 
@@ -110,7 +111,7 @@ def main() -> int:
         "commit": commit, "when": datetime.datetime.now(datetime.UTC).isoformat(),
         "cases": cases, "seeds": runs, "cores": os.cpu_count()}, indent=2) + "\n")
     lines = [f"# A life cycle nothing races (issue 45; commit {commit})", "",
-             f"`python bench/lifecycle_stress.py --rounds {rounds} --seeds {seeds} "
+             f"`python bench/lifecycle/lifecycle_stress.py --rounds {rounds} --seeds {seeds} "
              f"--steps {steps}` on {os.cpu_count()} cores.", "",
              "| case (right after a SIGKILL, during the heal) | passed | landed during the "
              "heal | slowest command s |", "|---|---|---|---|"]

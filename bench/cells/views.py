@@ -1,6 +1,6 @@
 """One call to many ranks: ``c[...].call`` vs a loop of ``rpc_sync`` vs ipyparallel (issue 36).
 
-``python bench/views.py`` (part of ``make bench``). A trivial function defined here in
+``python bench/cells/views.py`` (part of ``make bench``). A trivial function defined here in
 ``__main__`` (so it travels by value, as a notebook cell's does) runs on 1, 4 and 8 workers:
 
 - **view**: ``c[1:n+1].call(fn)``, nbdist's view (one ``rpc_async`` per rank, then one wait);
@@ -34,7 +34,7 @@ import torch
 import torch.distributed.rpc as rpc
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+sys.path[:0] = [str(HERE), str(HERE.parent)]  # this family's helpers, then bench/'s
 import _common  # noqa: E402
 
 import nbdist  # noqa: E402
@@ -116,7 +116,7 @@ def _markdown(res: dict[str, Any]) -> str:
              f"Measured at commit {res['commit']} on {res['machine']}, torch {res['torch']}, "
              f"{res['date']}; {res['rounds']} interleaved rounds of {res['calls']} calls "
              "(ipyparallel: a fifth as many). Median over rounds of each round's median, "
-             "µs per call (best round in brackets). Rerun: `python bench/views.py`.", "",
+             "µs per call (best round in brackets). Rerun: `python bench/cells/views.py`.", "",
              "| contender | " + " | ".join(f"{n} rank{'s' if n != '1' else ''}"
                                           for n in sizes) + " |",
              "|---|" + "---|" * len(sizes)]
