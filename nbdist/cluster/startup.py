@@ -31,7 +31,6 @@ from ..proc import membership
 from ..proc.rank_config import RankConfig
 from ..shm import transport as shm
 from ..spec import WorldSpec
-from ..telemetry import tracing
 from .rank_table import RankInfo
 
 __all__ = ["ARRIVED", "Cancelled", "Rank0", "StartWatch", "arrival_file", "torch_iface",
@@ -46,7 +45,8 @@ def worker_config(spec: WorldSpec, names: list[str], rank: int, world_dir: str,
                   ifname: str = "lo", gpu: Setup | None = None,
                   share: tuple | None = None,
                   master: dict[str, str] | None = None) -> RankConfig:
-    """Everything a forked worker needs to become ``rank``.
+    """Everything a rank needs to become ``rank``: a forked worker, or rank 0 (the notebook
+    takes what applies to it: its name, group, rendezvous, device).
 
     ``group`` (``rank_config.world_group``) is the default process group's backend and why.
 
@@ -226,130 +226,41 @@ class StartWatch:
             fut.wait()
 
 
-class Rank0:
-    """The notebook's own membership in a world: joins in an owned thread, leaves at stop."""
+class Rank0(membership.Steps):
+    """The notebook's own membership in a world: ``membership.join``'s steps taken the way
+    rank 0 takes them (each blocking call in an owned thread that watches the workers and
+    the start deadline; the rendezvous opened here; the workers waited for before a group
+    without RPC), and leaving at stop. ``cfg`` is rank 0's, from ``worker_config`` like
+    every worker's; ``store`` is a world with hosts' store itself (None: files)."""
 
-    def __init__(self, spec: WorldSpec, names: list[str], world_dir: str, epoch: int,
-                 group: tuple[str | None, str], store: Any = None,
-                 iface: Interface | None = None, gpu: Setup | None = None) -> None:
-        self.spec, self.names, self.world_dir, self.epoch = spec, names, world_dir, epoch
-        self.backend, self.group_why = group  # ``rank_config.world_group``, as the workers'
-        self.device = gpu.device(0) if gpu is not None else None  # the plan's; not set here
-        self.maps = gpu.maps.get(names[0]) if gpu is not None else None
-        self.store = store  # a host world's MemoryStore
+    notebook = True
+
+    def __init__(self, cfg: RankConfig, store: Any = None,
+                 iface: Interface | None = None) -> None:
+        super().__init__(cfg)
+        self.store = store
         self.ifname = iface.name if iface is not None else "lo"
         self.address = iface.address if iface is not None else "127.0.0.1"
         self.rpc_up = False
         self.pg_up = False
         self.joiner: threading.Thread | None = None
         self.rpc_store: Any = None  # rank 0's closable RPC rendezvous in a local world
+        self.watch: StartWatch | None = None  # the start this join belongs to
+        self.left = 1.0  # seconds of the start deadline left as init_rpc began
         self._excepthook = sys.excepthook  # init_process_group wraps it; leave() restores it
 
     def join(self, watch: StartWatch) -> None:
-        import torch.distributed.rpc as rpc
-
-        spec = self.spec
+        """Join the world as rank 0 (``membership.join``), within ``watch``'s deadline."""
+        self.watch = watch
         for line in report_once():  # unless %load_ext said it: what degrades
             Router.write("stderr", line + "\n")
-        if not spec.rpc:
-            self._join_group_only(watch)
-            self._let_user_groups_in()
-            return
-        rpc_hooks.reset_world_state()
-        quiet.install()
-        if not rref_reset.reset_singleton() and self.epoch > 1:
-            Router.write("stderr", "nbdist: this torch build hides its RRef context, so RRefs "
-                                   "in this notebook may fail after a restart; restart the "
-                                   "kernel if they do\n")
-        membership.install_rpc_patches()
-        quiet.hide_warnings()
-        tracing.install(0, self.names[0])
-        if not tp_address.pin(self.address) and tp_address.current() not in (None,
-                                                                               self.address):
-            raise StartError(f"rank 0's RPC address is fixed at {tp_address.current()} in "
-                             f"this process (this torch build hides it from nbdist), so it "
-                             f"cannot listen on {self.address}; restart the kernel and "
-                             "start this world first")
-        # rendezvous waits are bounded by what is left of the start deadline, so the joining
-        # thread ends by then even if the workers never come; the real timeout is set after
-        left = max(watch.deadline - time.monotonic(), 1.0)
-        if self.store is not None:
-            from ..proc import store
+        membership.join(self.cfg, self)
 
-            store.use(self.store)
-        init = _rendezvous(self.world_dir, self.epoch, hosted=self.store is not None)
-        rpc_init = init["rpc"] if self.store is not None else self._closable_rpc_store(
-            init["rpc"], left)
-        with torch_iface(self.ifname), _gloo_timeout(left):
-            membership.join_rpc(self.names[0], 0, spec.world_size, rpc_init, left,
-                                self.maps, run=self._watched(watch))
-            self.rpc_up = True
-            if usable("rpc_timeout"):
-                rpc._set_rpc_timeout(spec.rpc_timeout)
-            membership.rpc_joined(shm.world_config(spec.placement(), self.names, 0))
-            if self.backend:
-                self._join_group(init["pg"], watch)
-        self._let_user_groups_in()
-
-    def _let_user_groups_in(self) -> None:
-        """User code's ``init_process_group`` here joins this world (``membership``)."""
-        import torch.distributed as dist
-
-        if self.store is not None:
-            hosted = self.store
-            make: Callable[[], Any] = lambda: hosted  # noqa: E731
-        else:
-            path = user_group_file(self.world_dir, self.epoch)
-            make = lambda: dist.FileStore(path, -1)  # noqa: E731
-        membership.let_user_groups_in(0, self.spec.world_size, self.names[0], make,
-                                      self.spec.rpc_timeout,
-                                      self.backend if self.pg_up else None, self.group_why)
-
-    def _join_group_only(self, watch: StartWatch) -> None:
-        """A world without RPC: the process group is all rank 0 joins (no RPC patches, no
-        RRef or address resets: nothing of torch RPC is touched); a bare world joins none.
-
-        Gloo's rendezvous waits for the group's whole timeout, so rank 0 joins only once
-        every worker is about to (each says so in the store first): a rank that never comes
-        fails the start at its deadline, named, and no thread of rank 0 is left waiting."""
-        import torch.distributed as dist
-
-        quiet.install()
-        quiet.hide_warnings()
-        if self.store is not None:
-            from ..proc import store
-
-            store.use(self.store)
-        if not self.backend:  # a bare world (``process_group="none"``): nothing to join
-            return
-        if self.store is not None:
-            arrivals = self.store
-        else:
-            arrivals = dist.FileStore(arrival_file(self.world_dir, self.epoch),
-                                      self.spec.world_size)
-        missing = {r for r in watch.ranks if r}
-        while missing:
-            missing = {r for r in missing if not arrivals.check([ARRIVED.format(rank=r)])}
-            if missing:
-                watch.check(missing, "join the process group")
-                time.sleep(0.01)
-        with torch_iface(self.ifname):
-            self._join_group(_rendezvous(self.world_dir, self.epoch,
-                                         self.store is not None)["pg"], watch)
-
-    def _join_group(self, init_method: str, watch: StartWatch) -> None:
-        assert self.backend is not None
-        membership.join_group(self.backend, init_method, 0, self.spec.world_size,
-                              self.spec.rpc_timeout, self.device, run=self._watched(watch),
-                              notebook=True)
-        self.pg_up = True
-
-    def _watched(self, watch: StartWatch) -> membership.Runner:
-        """Rank 0's ``membership.Runner``: each blocking call in a thread it watches."""
-        return lambda fn, what: self._in_thread(fn, watch, what)
-
-    def _in_thread(self, fn: Callable[[], Any], watch: StartWatch, what: str) -> None:
+    # -- membership.Steps, rank 0's way ---------------------------------------------------
+    def run(self, fn: Callable[[], Any], what: str) -> None:
         """Run a blocking torch call in a thread while watching the workers and the clock."""
+        watch = self.watch
+        assert watch is not None
         box: dict = {}
 
         def target() -> None:
@@ -379,6 +290,78 @@ class Rank0:
                 raise watch.timed_out(workers, what) from box["error"]
             raise box["error"]
 
+    def world_store(self) -> Any:
+        """A world with hosts' store itself (the workers reach it over their connections)."""
+        return self.store
+
+    def user_group_store(self) -> Callable[[], Any]:
+        if self.store is not None:
+            hosted = self.store
+            return lambda: hosted
+        return super().user_group_store()
+
+    def without_rpc(self) -> None:
+        """No RPC patches, no RRef or address resets: nothing of torch RPC is touched (the
+        world already said it has no RPC, ``no_rpc.enter``)."""
+        quiet.install()
+        quiet.hide_warnings()
+
+    def arrive(self, arrivals: Any) -> None:
+        """Wait until every worker said it is about to join the group: a rank that never
+        comes fails the start at its deadline, named, and no thread of rank 0 is left in
+        Gloo's rendezvous (which waits for the group's whole timeout)."""
+        watch = self.watch
+        assert watch is not None
+        missing = {r for r in watch.ranks if r}
+        while missing:
+            missing = {r for r in missing if not arrivals.check([ARRIVED.format(rank=r)])}
+            if missing:
+                watch.check(missing, "join the process group")
+                time.sleep(0.01)
+
+    def before_rpc(self) -> None:
+        """Forget the last world's RPC state, and bound the joining waits by what is left
+        of the start deadline, so the joining thread ends by then even if the workers never
+        come (the world's own RPC timeout is set once joined)."""
+        rpc_hooks.reset_world_state()
+        quiet.install()
+        if not rref_reset.reset_singleton() and self.cfg.epoch > 1:
+            Router.write("stderr", "nbdist: this torch build hides its RRef context, so RRefs "
+                                   "in this notebook may fail after a restart; restart the "
+                                   "kernel if they do\n")
+        quiet.hide_warnings()
+        if not tp_address.pin(self.address) and tp_address.current() not in (None,
+                                                                               self.address):
+            raise StartError(f"rank 0's RPC address is fixed at {tp_address.current()} in "
+                             f"this process (this torch build hides it from nbdist), so it "
+                             f"cannot listen on {self.address}; restart the kernel and "
+                             "start this world first")
+        assert self.watch is not None
+        self.left = max(self.watch.deadline - time.monotonic(), 1.0)
+
+    def rpc_options(self) -> tuple[str, float, int | None]:
+        init = self.cfg.rpc_init if self.store is not None else self._closable_rpc_store(
+            self.cfg.rpc_init, self.left)
+        return init, self.left, None
+
+    def torch_calls(self) -> contextlib.AbstractContextManager[Any]:
+        calls = contextlib.ExitStack()
+        calls.enter_context(torch_iface(self.ifname))
+        if self.cfg.rpc:
+            calls.enter_context(_gloo_timeout(self.left))
+        return calls
+
+    def after_rpc(self) -> None:
+        import torch.distributed.rpc as rpc
+
+        self.rpc_up = True
+        if usable("rpc_timeout"):
+            rpc._set_rpc_timeout(self.cfg.rpc_timeout)
+
+    def after_group(self) -> None:
+        self.pg_up = True
+
+    # -------------------------------------------------------------------------------------
     def _closable_rpc_store(self, file_url: str, timeout: float) -> str:
         """Rank 0's side of a local world's RPC rendezvous (``file_url``'s file, which the
         workers open themselves) as a ``ClosableStore``, so ``leave`` ends its waits."""
@@ -387,7 +370,7 @@ class Rank0:
         from ..proc import store
 
         self.rpc_store = store.ClosableStore(
-            dist.FileStore(file_url[len("file://"):], self.spec.world_size), timeout)
+            dist.FileStore(file_url[len("file://"):], self.cfg.world_size), timeout)
         store.use(self.rpc_store)
         return store.rendezvous_url("rpc")
 
@@ -399,7 +382,7 @@ class Rank0:
         (``Session.settle_joiner``: waits, releases or abandons it, drops its agent).
         """
         # a world without RPC touched none of torch RPC's state: nothing of it to reset
-        membership.leave(group=self.pg_up, rpc_agent=self.rpc_up, reset_rpc=self.spec.rpc)
+        membership.leave(group=self.pg_up, rpc_agent=self.rpc_up, reset_rpc=self.cfg.rpc)
         if self.rpc_store is not None:  # a joining thread left waiting on it ends now
             self.rpc_store.close()
         if self.pg_up:

@@ -221,11 +221,12 @@ class World:
         shares = allocation.rank_shares(spec)
         group = world_group(spec, self.gpu)  # the default group, the same for every rank
         self.master = torchrun_env.master(iface.address if iface else "127.0.0.1")
-        configs = [worker_config(spec, self.names, r, self.world_dir, self.listener.path,
-                                 self.key, self.epoch, group, store=store_address,
-                                 ifname=iface.name if iface else "lo", gpu=self.gpu,
-                                 share=shares.get(r), master=self.master)
-                   for r in range(1, spec.world_size)]
+        rank0_cfg, *configs = [  # rank 0's from the same builder as every worker's
+            worker_config(spec, self.names, r, self.world_dir, self.listener.path, self.key,
+                          self.epoch, group, store=store_address,
+                          ifname=iface.name if iface else "lo", gpu=self.gpu,
+                          share=shares.get(r), master=self.master)
+            for r in range(spec.world_size)]
         for cfg in configs:
             if cfg.rank in kept:
                 info = self.ranks[cfg.rank]
@@ -241,9 +242,8 @@ class World:
         self.receiver.poke()
         self._on_up()
         rpc_hooks.attach(self)
-        self.rank0 = Rank0(spec, self.names, self.world_dir, self.epoch,  # type: ignore[arg-type]
-                           group, store=self.store.store if self.store else None, iface=iface,
-                           gpu=self.gpu)
+        self.rank0 = Rank0(rank0_cfg, store=self.store.store if self.store else None,
+                           iface=iface)
         SESSION.settle_joiner(watch.deadline)
         if not spec.rpc:
             no_rpc.enter(self.why_no_rpc)
@@ -358,7 +358,7 @@ class World:
                     Router.write("stderr", f"nbdist: {info.label()} {info.reason()}\n")
                     if self._on_death is not None:
                         self._on_death(info.rank)
-                    if self.rank0 is not None and self.rank0.backend == "nccl":
+                    if self.rank0 is not None and self.rank0.cfg.process_group == "nccl":
                         nccl.end_group(timeout=0)  # rank 0's collectives fail, not wait
                 return
 

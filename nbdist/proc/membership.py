@@ -1,6 +1,9 @@
-"""Joining and leaving a world: the steps rank 0 (``cluster.startup.Rank0``) and every worker
-(``proc.worker``) take alike. Where the two differ, the caller says how, by parameter: rank 0
-runs torch's blocking calls in a thread it watches (``run``), a worker calls them directly."""
+"""Joining and leaving a world: one sequence, ``join(config, steps)``, for rank 0
+(``cluster.startup.Rank0``) and every worker (``proc.worker``), each with the ``RankConfig``
+``cluster.startup.worker_config`` made for it. Where the two differ, ``steps`` says how:
+``Steps`` is a worker's way (torch's calls made directly, the notebook's store reached over
+its own connection); rank 0's way overrides it (each blocking call in a thread it watches,
+the rendezvous opened by itself, the workers waited for)."""
 
 from __future__ import annotations
 
@@ -14,9 +17,10 @@ from ..patches import process_group, rpc_hooks, rpc_rerun, thread_states
 from ..shipping import pickler as shipping
 from ..shm import transport as shm
 from . import nccl
+from .rank_config import RankConfig
 
-__all__ = ["Runner", "direct", "install_rpc_patches", "join_group", "join_rpc", "leave",
-           "let_user_groups_in", "rpc_joined"]
+__all__ = ["Runner", "Steps", "direct", "install_rpc_patches", "join", "join_group", "join_rpc",
+           "leave", "let_user_groups_in", "rpc_joined"]
 
 #: Runs one blocking torch call; the string says what it waits for (in a timeout's message).
 Runner = Callable[[Callable[[], Any], str], None]
@@ -25,6 +29,128 @@ Runner = Callable[[Callable[[], Any], str], None]
 def direct(fn: Callable[[], Any], what: str) -> None:
     """The ``Runner`` of a worker: call ``fn`` here (its own deadline is the notebook's)."""
     fn()
+
+
+class Steps:
+    """How a process takes ``join``'s steps where rank 0 and a worker differ: a worker's way.
+    ``after_call`` runs after each RPC function this process serves (a worker's flush)."""
+
+    notebook = False  # rank 0: a timed-out NCCL collective raises rather than ending the process
+
+    def __init__(self, cfg: RankConfig, after_call: Callable[[], None] | None = None) -> None:
+        self.cfg = cfg
+        self.after_call = after_call
+
+    def run(self, fn: Callable[[], Any], what: str) -> None:
+        """Make one of torch's blocking calls (a ``Runner``): here, directly."""
+        fn()
+
+    def world_store(self) -> Any:
+        """The world's store in a world with hosts (None: files); a worker's is a connection
+        of its own to the notebook's store."""
+        cfg = self.cfg
+        if not cfg.store:
+            return None
+        from . import store
+
+        return store.RemoteStore(cfg.store, cfg.authkey, cfg.start_timeout)
+
+    def user_group_store(self) -> Callable[[], Any]:
+        """What makes the store of the groups user code makes (``patches.process_group``)."""
+        cfg = self.cfg
+        if cfg.store:
+            return self.world_store
+        import torch.distributed as dist
+
+        path = cfg.user_groups
+        return lambda: dist.FileStore(path, -1)
+
+    def without_rpc(self) -> None:
+        """A world without RPC: RPC calls here raise ``NoRpcError`` saying so."""
+        import torch.distributed.rpc as rpc
+
+        from ..patches import no_rpc
+
+        no_rpc.enter(no_rpc.FLAG if rpc.is_available() else no_rpc.BUILD)
+
+    def arrive(self, arrivals: Any) -> None:
+        """A world without RPC: say this rank is about to join the group (rank 0 waits for
+        every worker's word before it joins: Gloo's rendezvous would wait its whole timeout)."""
+        arrivals.set(self.cfg.arrived.format(rank=self.cfg.rank), "1")
+
+    def before_rpc(self) -> None:
+        """What comes before ``init_rpc``'s patches (rank 0: the resets of an earlier world)."""
+
+    def rpc_options(self) -> tuple[str, float, int | None]:
+        """``init_rpc``'s init method, timeout and TensorPipe worker threads (None: torch's)."""
+        return self.cfg.rpc_init, self.cfg.rpc_timeout, self.cfg.rpc_threads
+
+    def torch_calls(self) -> contextlib.AbstractContextManager[Any]:
+        """What torch's joining calls run inside (rank 0: its interface, a bounded Gloo)."""
+        return contextlib.nullcontext()
+
+    def after_rpc(self) -> None:
+        """Just after ``init_rpc``: RRef ids unlike any of an earlier world."""
+        from ..patches import rref_reset
+
+        rref_reset.start_ids_at(self.cfg.epoch)
+
+    def after_group(self) -> None:
+        """Just after the default process group was joined."""
+
+
+def join(cfg: RankConfig, steps: Steps) -> None:
+    """Join the world ``cfg`` describes as its rank: the RPC world (with nbdist's patches of
+    torch RPC) or, without RPC, only the default process group (a bare world: none); then
+    user code's ``init_process_group`` here joins this world too."""
+    from . import store
+
+    if not cfg.rpc:
+        steps.without_rpc()
+        hosted = steps.world_store()
+        if hosted is not None:
+            store.use(hosted)
+        if cfg.process_group:
+            if hosted is not None:
+                arrivals = hosted
+            else:
+                import torch.distributed as dist
+
+                arrivals = dist.FileStore(cfg.arrivals, cfg.world_size)
+            steps.arrive(arrivals)
+            with steps.torch_calls():
+                _join_default_group(cfg, steps)
+        _let_user_groups_in(cfg, steps)
+        return
+    steps.before_rpc()
+    install_rpc_patches(after_call=steps.after_call)
+    from ..telemetry import tracing
+
+    tracing.install(cfg.rank, cfg.name)
+    hosted = steps.world_store()
+    if hosted is not None:  # a world with hosts: the rendezvous goes through the notebook's store
+        store.use(hosted)
+    init_method, timeout, threads = steps.rpc_options()
+    with steps.torch_calls():
+        join_rpc(cfg.name, cfg.rank, cfg.world_size, init_method, timeout, cfg.device_maps,
+                 threads=threads, run=steps.run)
+        steps.after_rpc()
+        rpc_joined(cfg.shm)
+        if cfg.process_group:
+            _join_default_group(cfg, steps)
+    _let_user_groups_in(cfg, steps)
+
+
+def _join_default_group(cfg: RankConfig, steps: Steps) -> None:
+    assert cfg.process_group is not None
+    join_group(cfg.process_group, cfg.pg_init, cfg.rank, cfg.world_size, cfg.pg_timeout,
+               cfg.device, run=steps.run, notebook=steps.notebook)
+    steps.after_group()
+
+
+def _let_user_groups_in(cfg: RankConfig, steps: Steps) -> None:
+    let_user_groups_in(cfg.rank, cfg.world_size, cfg.name, steps.user_group_store(),
+                       cfg.pg_timeout, cfg.process_group, cfg.group_why)
 
 
 def install_rpc_patches(after_call: Callable[[], None] | None = None) -> None:

@@ -1,6 +1,7 @@
-"""What one worker rank needs to start and join a world: ``RankConfig``, built on the
-notebook (``cluster.startup.worker_config``), pickled to the template or a host's agent
-(``protocol.Spawn``, ``Rejoin``), read by ``proc.worker``."""
+"""What one rank needs to start and join a world: ``RankConfig``, built on the notebook
+(``cluster.startup.worker_config``) for every rank, rank 0 included (``cluster.startup.Rank0``);
+a worker's is pickled to the template or a host's agent (``protocol.Spawn``, ``Rejoin``) and
+read by ``proc.worker``; each joins by it (``proc.membership.join``)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ STARTED_WITH = ("rank", "cwd", "env", "env_extra", "path", "threads", "host", "h
 
 @dataclass(frozen=True)
 class RankConfig:
-    """One worker rank of one world (plain values only: it travels pickled)."""
+    """One rank of one world (plain values only: a worker's travels pickled)."""
 
     rank: int
     name: str

@@ -273,46 +273,13 @@ class Worker:
                 pass
 
     def _join_world(self, cfg: RankConfig) -> None:
+        """Take this rank's threads and device, then join the world (``membership.join``,
+        the sequence rank 0 takes too)."""
         import torch
 
         torch.set_num_threads(cfg.threads)
         cuda.take(self.rank, cfg.name, cfg.device)  # before any user code runs here
-        if not cfg.rpc:
-            self._join_group_only(cfg)
-            return
-        membership.install_rpc_patches(after_call=self._flush_streams)
-        from ..telemetry import tracing
-
-        tracing.install(self.rank, cfg.name)
-        if cfg.store:  # a world with hosts: rendezvous through the notebook's store
-            from . import store
-
-            store.use(store.RemoteStore(cfg.store, cfg.authkey, cfg.start_timeout))
-        membership.join_rpc(cfg.name, self.rank, cfg.world_size, cfg.rpc_init, cfg.rpc_timeout,
-                            cfg.device_maps, threads=cfg.rpc_threads)
-        from ..patches import rref_reset
-
-        rref_reset.start_ids_at(cfg.epoch)  # RRef ids unlike any of an earlier world
-        membership.rpc_joined(cfg.shm)
-        if cfg.process_group:
-            membership.join_group(cfg.process_group, cfg.pg_init, self.rank, cfg.world_size,
-                                  cfg.pg_timeout, cfg.device)
-        self._let_user_groups_in(cfg)
-
-    def _let_user_groups_in(self, cfg: RankConfig) -> None:
-        """User code's ``init_process_group`` here joins this world (``membership``)."""
-        import torch.distributed as dist
-
-        if cfg.store:  # a world with hosts: the notebook's store, over its own connection
-            from . import store
-
-            def make() -> Any:
-                return store.RemoteStore(cfg.store, cfg.authkey, cfg.start_timeout)
-        else:
-            def make() -> Any:
-                return dist.FileStore(cfg.user_groups, -1)
-        membership.let_user_groups_in(self.rank, cfg.world_size, cfg.name, make, cfg.pg_timeout,
-                                      cfg.process_group, cfg.group_why)
+        membership.join(cfg, membership.Steps(cfg, after_call=self._flush_streams))
 
     def _leave_world(self) -> None:
         """Leave this process's RPC world and process group without waiting for any peer, and
@@ -351,30 +318,6 @@ class Worker:
                     self.channel.close(timeout=2.0)
                 finally:
                     os._exit(1)
-
-    def _join_group_only(self, cfg: RankConfig) -> None:
-        """A world without RPC (``--no-rpc``): the process group is the world (a bare world has
-        none); RPC calls here raise ``NoRpcError`` saying so."""
-        import torch.distributed as dist
-        import torch.distributed.rpc as rpc
-
-        from ..patches import no_rpc
-
-        no_rpc.enter(no_rpc.FLAG if rpc.is_available() else no_rpc.BUILD)
-        if cfg.store:  # a world with hosts: rendezvous through the notebook's store
-            from . import store
-
-            arrivals = store.RemoteStore(cfg.store, cfg.authkey, cfg.start_timeout)
-            store.use(arrivals)
-        if not cfg.process_group:  # a bare world: no group either, as a spawned process
-            self._let_user_groups_in(cfg)
-            return
-        if not cfg.store:
-            arrivals = dist.FileStore(cfg.arrivals, cfg.world_size)
-        arrivals.set(cfg.arrived.format(rank=self.rank), "1")  # rank 0 joins once all are here
-        membership.join_group(cfg.process_group, cfg.pg_init, self.rank, cfg.world_size,
-                              cfg.pg_timeout, cfg.device)
-        self._let_user_groups_in(cfg)
 
     def _serve(self, ns: dict) -> None:
         """Main-thread loop: run cells handed over by the reader thread until told to stop."""
