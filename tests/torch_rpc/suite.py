@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
+import signal
 import sys
 import tempfile
 import time
@@ -122,7 +124,21 @@ def _short(o: dict | None) -> str:
     return o["outcome"] + (f" {', '.join(o['errors'])}" if o.get("errors") else "")
 
 
+def _end_on_sigterm(signum: int, frame: object) -> None:
+    """SIGTERM (a ``timeout``, a job's end): kill every process this run started (kernels,
+    torch's launchers, plain ranks), whose ``finally`` would not run, then exit."""
+    import psutil
+
+    for p in psutil.Process().children(recursive=True):
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    os._exit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, _end_on_sigterm)
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sample", type=int, default=0, help="this many tests (0: all)")
     ap.add_argument("--seed", type=int, default=0)
