@@ -53,34 +53,44 @@ class WorldState:
                     pass
 
 
-_current = WorldState()
+class _WorldOfThisProcess:
+    """Which ``WorldState`` is this process's now: one at a time, replaced at a world's end
+    and in a forked child."""
+
+    def __init__(self) -> None:
+        self.current = WorldState()
+
+    def renew(self) -> WorldState:
+        """Start an empty ``WorldState``; returns the one it replaced."""
+        old, self.current = self.current, WorldState()
+        return old
+
+
+_WORLD_PER_PROCESS = _WorldOfThisProcess()
 
 
 def current() -> WorldState:
     """The world this process is in now (an empty one between worlds)."""
-    return _current
+    return _WORLD_PER_PROCESS.current
 
 
 def part(kind: type[T]) -> T:
     """The current world's ``kind`` part, made on first use."""
-    return _current.part(kind)
+    return _WORLD_PER_PROCESS.current.part(kind)
 
 
 def peek(kind: type[T]) -> T | None:
     """The current world's ``kind`` part, or None."""
-    return _current.peek(kind)
+    return _WORLD_PER_PROCESS.current.peek(kind)
 
 
 def end() -> None:
     """This process leaves its world: every part closes and the next world starts empty."""
-    global _current
-    old, _current = _current, WorldState()
-    old.close()
+    _WORLD_PER_PROCESS.renew().close()
 
 
 def _after_fork() -> None:
-    global _current
-    old, _current = _current, WorldState()
+    old = _WORLD_PER_PROCESS.renew()
     for p in old._parts.values():
         forget = getattr(p, "in_forked_child", None)
         if forget is not None:

@@ -17,12 +17,24 @@ from typing import Any
 
 from ..control.protocol import CommClose, CommMsg, CommOpen, Message
 
-__all__ = ["ChannelComm", "deliver", "install", "relayed"]
+__all__ = ["deliver", "install", "relayed"]
 
-_send: Callable[[Message], None] | None = None
-_rank = -1
-_inbox: queue.Queue = queue.Queue()
-_handler: threading.Thread | None = None
+
+class _CommsOfThisProcess:
+    """A worker's comms, one set per process: where their messages go and whose they are
+    (``install``), the comm class (made then: ``comm`` is imported only by a worker that uses
+    widgets), and the frontend's messages waiting for the handler thread (started by the
+    first ``deliver``; it serves the process for its life, as the reader thread does)."""
+
+    def __init__(self) -> None:
+        self.send: Callable[[Message], None] | None = None
+        self.rank = -1
+        self.comm_class: Any = None
+        self.inbox: queue.Queue = queue.Queue()
+        self.handler: threading.Thread | None = None
+
+
+_COMMS_PER_PROCESS = _CommsOfThisProcess()
 
 
 def _base() -> type:
@@ -45,10 +57,11 @@ def _bytes(buffers: Any) -> tuple:
 
 
 def _post(msg: Message) -> None:
-    if _send is None:
+    send = _COMMS_PER_PROCESS.send
+    if send is None:
         return
     try:
-        _send(msg)
+        send(msg)
     except OSError:  # closed (or blocked for long): as a kernel with no frontend
         pass
 
@@ -60,13 +73,14 @@ def _make_class() -> type:
         def publish_msg(self, msg_type: str, data: Any = None, metadata: Any = None,
                         buffers: Any = None, **keys: Any) -> None:
             data, metadata = _plain(data or {}), _plain(metadata or {})
+            rank = _COMMS_PER_PROCESS.rank
             if msg_type == "comm_open":
-                _post(CommOpen(_rank, self.comm_id, keys.get("target_name") or
+                _post(CommOpen(rank, self.comm_id, keys.get("target_name") or
                                self.target_name, data, metadata, _bytes(buffers)))
             elif msg_type == "comm_msg":
-                _post(CommMsg(_rank, self.comm_id, data, metadata, _bytes(buffers)))
+                _post(CommMsg(rank, self.comm_id, data, metadata, _bytes(buffers)))
             elif msg_type == "comm_close":
-                _post(CommClose(_rank, self.comm_id, data))
+                _post(CommClose(rank, self.comm_id, data))
 
         def handle_msg(self, msg: dict) -> None:
             """The frontend's message, without IPython's pre/post-execute events (a cell may
@@ -77,42 +91,41 @@ def _make_class() -> type:
     return ChannelComm
 
 
-ChannelComm: Any = None  # the class, made by ``install`` (``comm`` imported then)
-
-
 def install(send: Callable[[Message], None], rank: int) -> None:
     """In the worker: widgets made from now on open ``ChannelComm`` comms."""
-    global _send, _rank, ChannelComm
     import comm
 
-    _send, _rank = send, rank
-    if ChannelComm is None:
-        ChannelComm = _make_class()
-    comm.create_comm = lambda *args, **kwargs: ChannelComm(*args, **kwargs)
+    here = _COMMS_PER_PROCESS
+    here.send, here.rank = send, rank
+    if here.comm_class is None:
+        here.comm_class = _make_class()
+    made = here.comm_class
+    comm.create_comm = lambda *args, **kwargs: made(*args, **kwargs)
 
 
 def relayed(comm_id: str) -> bool:
     """Whether ``comm_id`` is a comm of this worker that the notebook relays (a widget view
     with this model id can be shown there)."""
-    if ChannelComm is None:
+    made = _COMMS_PER_PROCESS.comm_class
+    if made is None:
         return False
     import comm
 
-    return isinstance(comm.get_comm_manager().comms.get(comm_id), ChannelComm)
+    return isinstance(comm.get_comm_manager().comms.get(comm_id), made)
 
 
 def deliver(msg: CommMsg | CommClose) -> None:
     """A message from the frontend for one of this worker's comms (from the reader thread)."""
-    global _handler
-    _inbox.put(msg)
-    if _handler is None:
-        _handler = threading.Thread(target=_handle_loop, daemon=True, name="nbdist-comms")
-        _handler.start()
+    here = _COMMS_PER_PROCESS
+    here.inbox.put(msg)
+    if here.handler is None:
+        here.handler = threading.Thread(target=_handle_loop, daemon=True, name="nbdist-comms")
+        here.handler.start()
 
 
 def _handle_loop() -> None:
     while True:
-        msg = _inbox.get()
+        msg = _COMMS_PER_PROCESS.inbox.get()
         try:
             _handle(msg)
         except Exception as exc:  # noqa: BLE001 - a widget's callback failed: say so, go on

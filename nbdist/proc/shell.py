@@ -39,10 +39,22 @@ MPL_INLINE = "module://matplotlib_inline.backend_inline"
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 _NOTHING = object()
 
-_shell: Any = None  # the worker's shell (one per process)
-_send: Callable[[Message], None] | None = None
-_rank = -1
-_name = ""
+
+
+class _ShellOfThisProcess:
+    """The worker's shell, made once per process (in the template, before the fork), and
+    where its displays go and whose they are (``bind``, once the worker has its channel)."""
+
+    def __init__(self) -> None:
+        self.shell: Any = None
+        self.send: Callable[[Message], None] | None = None
+        self.rank = -1
+        self.name = ""
+        self.limit = LIMIT  # bytes of one display: NBDIST_DISPLAY_MB, read at ``bind``
+        self.printers: list[dict] | None = None  # the formatters' type tables, once looked up
+
+
+_SHELL_PER_PROCESS = _ShellOfThisProcess()
 _bundles = itertools.count(1)  # numbers the displays sent in pieces
 
 
@@ -73,7 +85,7 @@ def _make_shell() -> Any:
 
         def clear_output(self, wait: bool = False) -> None:
             _flush_streams()
-            _deliver(ClearOutput(_rank, bool(wait)))
+            _deliver(ClearOutput(_SHELL_PER_PROCESS.rank, bool(wait)))
 
     class Hook(DisplayHook):
         """The last expression: kept for the ``Result``; a rich repr is also displayed."""
@@ -152,24 +164,24 @@ def _make_shell() -> Any:
 
 def preload() -> None:
     """Make the shell now (in the template: every forked worker inherits it)."""
-    global _shell
-    if _shell is None:
-        _shell = _make_shell()
+    here = _SHELL_PER_PROCESS
+    if here.shell is None:
+        here.shell = _make_shell()
 
 
 def main_module() -> types.ModuleType:
     """The module the worker's cells run in (the shell's ``user_module``)."""
     preload()
-    return _shell.user_module
+    return _SHELL_PER_PROCESS.shell.user_module
 
 
 def bind(send: Callable[[Message], None], rank: int, name: str) -> None:
     """In the worker: where displays go and whose they are; matplotlib draws inline."""
-    global _send, _rank, _name, LIMIT
     preload()
-    _send, _rank, _name = send, rank, name
-    LIMIT = int(float(os.environ.get("NBDIST_DISPLAY_MB", LIMIT / 2**20)) * 2**20)
-    _shell.user_ns["_dh"] = [os.getcwd()]
+    here = _SHELL_PER_PROCESS
+    here.send, here.rank, here.name = send, rank, name
+    here.limit = int(float(os.environ.get("NBDIST_DISPLAY_MB", LIMIT / 2**20)) * 2**20)
+    here.shell.user_ns["_dh"] = [os.getcwd()]
     # figures become PNG displays: plt.show() and figures left open at the end of a cell
     os.environ["MPLBACKEND"] = os.environ.get("NBDIST_WORKER_MPLBACKEND", MPL_INLINE)
 
@@ -185,7 +197,7 @@ def run_cell(code: str, filename: str, exec_id: int,
     top-level ``await`` included, goes through IPython's ``run_cell``. IPython's input
     transformations leave code that parses unchanged, so both ways run the same program.
     """
-    shell = _shell
+    shell = _SHELL_PER_PROCESS.shell
     shell.nbdist_exec_id, shell.nbdist_raw, shell.nbdist_value = exec_id, code, _NOTHING
     tree = _parse_plain(shell, code, filename)
     err: BaseException | None
@@ -204,11 +216,12 @@ def run_cell(code: str, filename: str, exec_id: int,
     if err is not None:
         tb = _from_cell(err, filename)
         sys.last_type, sys.last_value, sys.last_traceback = type(err), err, tb  # %dist_debug
-        return Result(_rank, exec_id, "error", None, type(err).__name__, safe_str(err),
+        return Result(_SHELL_PER_PROCESS.rank, exec_id, "error", None, type(err).__name__,
+                      safe_str(err),
                       "".join(traceback.format_exception(type(err), err, tb)))
     if value is _NOTHING:
-        return Result(_rank, exec_id, "ok")
-    return Result(_rank, exec_id, "ok", _safe_repr(value))
+        return Result(_SHELL_PER_PROCESS.rank, exec_id, "ok")
+    return Result(_SHELL_PER_PROCESS.rank, exec_id, "ok", _safe_repr(value))
 
 
 def _parse_plain(shell: Any, code: str, filename: str) -> ast.Module | None:
@@ -267,7 +280,6 @@ _PLAIN_TYPES = frozenset({int, float, bool, str, bytes, complex, list, tuple, di
                           frozenset, range, type(None)})
 
 
-_printers: list[dict] | None = None
 
 
 def _remember(hook: Any, value: Any) -> None:
@@ -287,14 +299,14 @@ def _remember(hook: Any, value: Any) -> None:
 def _rich_formats(shell: Any, value: Any) -> tuple[dict, dict]:
     """The value's formats beyond text; builtin types have none unless a formatter was
     registered for them (asking every formatter costs ~80 us, most of a trivial cell)."""
-    global _printers
     formatter = shell.display_formatter
     kind = type(value)
     if kind in _PLAIN_TYPES:
-        if _printers is None:  # the dicts ``for_type`` fills (kept: traitlets are slow)
-            _printers = [f.type_printers for f in formatter.formatters.values()
+        here = _SHELL_PER_PROCESS
+        if here.printers is None:  # the dicts ``for_type`` fills (kept: traitlets are slow)
+            here.printers = [f.type_printers for f in formatter.formatters.values()
                          if f.format_type != "text/plain"]
-        if not any(kind in printers for printers in _printers):
+        if not any(kind in printers for printers in here.printers):
             return {}, {}
     try:
         return formatter.format(value, exclude=("text/plain",))
@@ -386,13 +398,14 @@ def _publish(data: dict, metadata: dict | None, display_id: str | None, update: 
                                 "in the notebook, rank 0: make them there and feed them with "
                                 "what the workers return)")
     size = sum(len(v) if isinstance(v, str) else len(repr(v)) for v in bundle.values())
-    if size > LIMIT:
-        bundle = {"text/plain": f"nbdist: a display of {human_bytes(size)} from rank {_rank} "
-                                f"({_name}) was not shown (limit {LIMIT / 2**20:g} MB; "
-                                "NBDIST_DISPLAY_MB sets it)"}
+    here = _SHELL_PER_PROCESS
+    if size > here.limit:
+        bundle = {"text/plain": f"nbdist: a display of {human_bytes(size)} from rank "
+                                f"{here.rank} ({here.name}) was not shown (limit "
+                                f"{here.limit / 2**20:g} MB; NBDIST_DISPLAY_MB sets it)"}
         metadata = {}
     _flush_streams()  # what was printed before the display shows before it
-    msg = DisplayData(_rank, bundle, _plain(metadata or {}), display_id, bool(update),
+    msg = DisplayData(here.rank, bundle, _plain(metadata or {}), display_id, bool(update),
                       result_of)
     if size > CHUNK:
         _deliver_pieces(msg)
@@ -412,7 +425,8 @@ def _deliver_pieces(msg: DisplayData) -> None:
     """A big display as ``DisplayChunk`` frames of ``CHUNK`` bytes: the notebook reads the
     other ranks' messages between them, and shows the display when the last one arrives.
     Printed output sent after the display still comes after it (one channel, in order)."""
-    if _send is None:
+    send, rank = _SHELL_PER_PROCESS.send, _SHELL_PER_PROCESS.rank
+    if send is None:
         return
     payload = encode(msg)
     if len(payload) <= CHUNK:
@@ -422,7 +436,7 @@ def _deliver_pieces(msg: DisplayData) -> None:
     view = memoryview(payload)
     for i in range(total):
         try:
-            _send(DisplayChunk(_rank, bundle, i, total, bytes(view[i * CHUNK:(i + 1) * CHUNK])))
+            send(DisplayChunk(rank, bundle, i, total, bytes(view[i * CHUNK:(i + 1) * CHUNK])))
         except OSError:  # blocked or closed: the notebook drops the unfinished display
             return
 
@@ -453,10 +467,11 @@ def _plain(value: Any) -> Any:
 
 
 def _deliver(msg: Message) -> None:
-    if _send is None:
+    send = _SHELL_PER_PROCESS.send
+    if send is None:
         return
     try:
-        _send(msg)
+        send(msg)
     except OSError:  # the channel is blocked or closed: a display is not worth a hang
         pass
 

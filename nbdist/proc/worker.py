@@ -64,12 +64,21 @@ class _CellRun:
         self.raised = 0
 
 
-_worker: Worker | None = None  # this process's rank, made once at the fork (run_forked)
+class _RankOfThisProcess:
+    """The ``Worker`` this process is, made once at the fork (``run_forked``); None in the
+    notebook's process and the template."""
+
+    def __init__(self) -> None:
+        self.worker: Worker | None = None
+
+
+_RANK_PER_PROCESS = _RankOfThisProcess()
 
 
 def current_channel() -> Channel | None:
     """The control channel of this worker (None on the notebook)."""
-    return _worker.channel if _worker is not None else None
+    worker = _RANK_PER_PROCESS.worker
+    return worker.channel if worker is not None else None
 
 
 def _die_with_parent() -> None:
@@ -94,9 +103,8 @@ def _in_event_hook(frame: Any) -> bool:
 
 def run_forked(cfg: RankConfig) -> None:
     """Entry point in the freshly forked child; never returns."""
-    global _worker
-    _worker = Worker(cfg)
-    _worker.run()
+    worker = _RANK_PER_PROCESS.worker = Worker(cfg)
+    worker.run()
 
 
 class _MetricsOutbox:
