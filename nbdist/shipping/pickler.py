@@ -29,6 +29,7 @@ from typing import Any
 
 import cloudpickle
 
+from .. import world_state
 from ..patches import torch_private
 from ..patches.installed import first_time, has
 from ..shipping import fresh_locks, own_main, per_rank, unpicklable
@@ -119,7 +120,6 @@ _KEEP_KNOWN = 65536  # code objects remembered by a callee
 _fns: dict[int, tuple] = {}  # id(func) -> (func, static parts, digest, global names)
 _by_digest: dict[str, types.FunctionType] = {}  # digest -> the original, or the copy built here
 _twins: dict[str, types.FunctionType] = {}  # digest -> this rank's own twin of it (``twins``)
-_sent: set[tuple[str, str]] = set()  # (destination name, digest) it holds
 _known: dict[str, tuple] = {}  # digest -> static parts of a function, callee side
 _known_cv = threading.Condition()
 _nonce: list = [os.urandom(6).hex(), itertools.count(1)]  # digest prefix, counter (atomic)
@@ -133,13 +133,24 @@ class _Tls(threading.local):
 _tls = _Tls()
 
 
+class _CodeHeldByPeers:
+    """Which of this rank's code the world's other ranks hold, as (destination name, digest):
+    a ``world_state`` part, so a new world (or a forked child) starts with none."""
+
+    def __init__(self) -> None:
+        self.codes: set[tuple[str, str]] = set()
+
+
+def _held() -> set[tuple[str, str]]:
+    return world_state.part(_CodeHeldByPeers).codes
+
+
 def _after_fork() -> None:
     """A forked child is a new peer: its own digests, nothing sent, nothing known."""
     _nonce[:] = [os.urandom(6).hex(), itertools.count(1)]
     _fns.clear()
     _by_digest.clear()
     _twins.clear()
-    _sent.clear()
     _known.clear()
 
 
@@ -148,7 +159,7 @@ os.register_at_fork(after_in_child=_after_fork)
 
 def forget_peers() -> None:
     """A new world: its processes hold none of our code or values yet."""
-    _sent.clear()
+    _held().clear()
     own_main.forget_peers()
 
 
@@ -179,7 +190,7 @@ def _make_room() -> None:
         _fns.clear()
         _by_digest.clear()
         _twins.clear()
-        _sent.clear()  # a digest we forget may be given again: send its code again too
+        _held().clear()  # a digest we forget may be given again: send its code again too
 
 
 _EMPTY = cloudpickle.cloudpickle._empty_cell_value
@@ -418,7 +429,7 @@ class ShippingPickler(cloudpickle.Pickler):
             if type(state[0]) is tuple and any(v is not own_main.UNCHANGED
                                                for _, v in state[0][1]):
                 self.new_values.append(state[0][1])
-            if (dest, digest) in _sent:
+            if (dest, digest) in _held():
                 return (_make_known, (digest, base), state, None, None, _set_dynamic)
             self.new_codes.append(digest)
         filename = static[0].co_filename
@@ -555,8 +566,9 @@ def _wrap_invoke(orig: Callable) -> Callable:
         if pending is not None:
             _tls.pending = None
             dest, digests, values = pending
+            held = _held()
             for d in digests:
-                _sent.add((dest, d))
+                held.add((dest, d))
             for entries in values:
                 own_main.mark_sent(dest, entries)
         return res
