@@ -41,6 +41,7 @@ class _UserAgent:
     this_cell: bool = False  # made by the cell running now
     installed: bool = False
     keys_of: object = None  # the world cell whose first init_rpc set ``_init_counter``
+    backends: Any = None  # torch's ``BackendType`` as this process had it before user code
 
 
 _AGENT_PER_PROCESS = _UserAgent()
@@ -61,6 +62,7 @@ def install() -> None:
         if _AGENT_PER_PROCESS.installed or not rpc.is_available():
             return
         _AGENT_PER_PROCESS.installed = True
+        _AGENT_PER_PROCESS.backends = rpc.backend_registry.BackendType
         rpc.init_rpc = _wrap(rpc.init_rpc)
 
 
@@ -179,6 +181,20 @@ def cell_started(*_: Any) -> None:
 
     if not api._is_current_rpc_agent_set():
         _forget_last_agent()
+        _forget_registered_backends()
+
+
+def _forget_registered_backends() -> None:
+    """RPC backends an earlier run registered go, as in a fresh process: torch's
+    ``register_backend`` rebinds ``backend_registry.BackendType`` to a new enum, and after it
+    ``rpc.BackendType.TENSORPIPE`` (the old enum's) fails ``init_rpc``'s check ("Argument backend
+    must be a member of BackendType"); a run that registers its backend again would meet
+    "already registered". Only at a cell's start: a cell may register one and use it."""
+    from torch.distributed.rpc import backend_registry
+
+    fresh = _AGENT_PER_PROCESS.backends
+    if fresh is not None and backend_registry.BackendType is not fresh:
+        backend_registry.BackendType = fresh
 
 
 def cell_ended(failed: bool) -> None:

@@ -186,3 +186,40 @@ def test_after_a_world_grows_the_run_meets_on_kept_and_new_ranks(kernel):
             assert f"[worker3] run {run_id} rank 3 [8.0, 8.0]" in rep.stdout, rep.stdout
     finally:
         kernel.execute("%dist_stop", timeout=60)
+
+
+# a run that registers its own RPC backend (torch's TensorPipe handlers under another name)
+OWN_BACKEND = """%%dist --local
+import os, torch, torch.distributed.rpc as rpc
+from torch.distributed.rpc import backend_registry as registry
+rank, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+tp = registry.BackendType.TENSORPIPE.value
+backend = registry.register_backend("MINE", tp.construct_rpc_backend_options_handler,
+                                    tp.init_backend_handler)
+rpc.init_rpc(f"worker{rank}", backend=backend, rank=rank, world_size=n)
+print("own backend", rank, rpc.rpc_sync(f"worker{(rank + 1) % n}", torch.add, args=(rank, 1)))
+rpc.shutdown()
+"""
+TENSORPIPE_BY_NAME = RUN.replace(
+    'rpc.init_rpc(f"worker{rank}", rank=rank, world_size=n)',
+    'rpc.init_rpc(f"worker{rank}", backend=rpc.BackendType.TENSORPIPE, rank=rank, '
+    'world_size=n)').replace("FAIL", "")
+
+
+def test_a_backend_an_earlier_run_registered_is_gone_in_the_next(kernel):
+    """A script's next run is a fresh process: it registers its backend again ("already
+    registered" in one process), and ``rpc.BackendType.TENSORPIPE`` is still a backend
+    (after ``register_backend`` rebinds the enum, torch refuses the old one's members)."""
+    kernel.execute("%load_ext nbdist")
+    rep = kernel.execute("%dist_start 1 --no-rpc", timeout=120)
+    assert rep.status == "ok", rep.stderr
+    try:
+        for _ in range(2):
+            rep = kernel.execute(OWN_BACKEND, timeout=90)
+            assert rep.status == "ok", (rep.stdout, rep.stderr, rep.error)
+            assert rep.stdout.count("own backend") == 2
+        rep = kernel.execute(TENSORPIPE_BY_NAME.replace("RUN_ID", "9"), timeout=90)
+        assert rep.status == "ok", (rep.stdout, rep.stderr, rep.error)
+        assert rep.stdout.count("run 9 rank") == 2
+    finally:
+        kernel.execute("%dist_stop", timeout=60)
