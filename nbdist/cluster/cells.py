@@ -26,7 +26,11 @@ from .rank_table import RankInfo
 __all__ = ["Cells"]
 
 SENT_KEPT = 100  # cells whose targets are remembered until their report
-STOP_GRACE = 0.3  # after Ctrl-C: how long workers have to say where they stopped
+#: after Ctrl-C: how long workers have to say where they stopped (the wait ends as soon as
+#: every rank said); longer than a worker's resend of an interrupt Python swallowed
+#: (``proc.worker._RESIGNAL_AFTER``, 0.3 s), so a rank that needed one still says where
+#: (0.3 s here once left one rank "still running" on a busy 2-core machine)
+STOP_GRACE = 0.8
 
 
 class CellResults(dict):
