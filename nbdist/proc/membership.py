@@ -19,16 +19,11 @@ from ..shm import transport as shm
 from . import nccl
 from .rank_config import RankConfig
 
-__all__ = ["Runner", "Steps", "direct", "install_rpc_patches", "join", "join_group", "join_rpc",
+__all__ = ["Runner", "Steps", "install_rpc_patches", "join", "join_group", "join_rpc",
            "leave", "let_user_groups_in", "rpc_joined"]
 
 #: Runs one blocking torch call; the string says what it waits for (in a timeout's message).
 Runner = Callable[[Callable[[], Any], str], None]
-
-
-def direct(fn: Callable[[], Any], what: str) -> None:
-    """The ``Runner`` of a worker: call ``fn`` here (its own deadline is the notebook's)."""
-    fn()
 
 
 class Steps:
@@ -42,7 +37,8 @@ class Steps:
         self.after_call = after_call
 
     def run(self, fn: Callable[[], Any], what: str) -> None:
-        """Make one of torch's blocking calls (a ``Runner``): here, directly."""
+        """Make one of torch's blocking calls (a ``Runner``): here, directly (a worker's own
+        deadline is the notebook's)."""
         fn()
 
     def world_store(self) -> Any:
@@ -163,7 +159,7 @@ def install_rpc_patches(after_call: Callable[[], None] | None = None) -> None:
 
 
 def join_rpc(name: str, rank: int, world_size: int, init_method: str, timeout: float,
-             device_maps: dict | None, threads: int | None = None, run: Runner = direct) -> None:
+             device_maps: dict | None, threads: int | None, run: Runner) -> None:
     """``init_rpc`` as ``name``; ``threads``: TensorPipe's worker threads (None: torch's)."""
     import torch.distributed.rpc as rpc
 
@@ -184,7 +180,7 @@ def rpc_joined(shm_config: dict | None) -> None:
 
 
 def join_group(backend: str, init_method: str, rank: int, world_size: int, timeout: float,
-               device: str | None, run: Runner = direct, notebook: bool = False) -> None:
+               device: str | None, run: Runner, notebook: bool = False) -> None:
     """Join the world's default process group; ``notebook``: a timed-out NCCL collective
     raises rather than ending the process (``nccl.notebook_safe``)."""
     with nccl.notebook_safe(backend) if notebook else contextlib.nullcontext():

@@ -40,7 +40,6 @@ WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 _NOTHING = object()
 
 
-
 class _ShellOfThisProcess:
     """The worker's shell, made once per process (in the template, before the fork), and
     where its displays go and whose they are (``bind``, once the worker has its channel)."""
@@ -217,8 +216,7 @@ def run_cell(code: str, filename: str, exec_id: int,
         tb = _from_cell(err, filename)
         sys.last_type, sys.last_value, sys.last_traceback = type(err), err, tb  # %dist_debug
         return Result(_SHELL_PER_PROCESS.rank, exec_id, "error", None, type(err).__name__,
-                      safe_str(err),
-                      "".join(traceback.format_exception(type(err), err, tb)))
+                      safe_str(err), "".join(traceback.format_exception(type(err), err, tb)))
     if value is _NOTHING:
         return Result(_SHELL_PER_PROCESS.rank, exec_id, "ok")
     return Result(_SHELL_PER_PROCESS.rank, exec_id, "ok", _safe_repr(value))
@@ -280,8 +278,6 @@ _PLAIN_TYPES = frozenset({int, float, bool, str, bytes, complex, list, tuple, di
                           frozenset, range, type(None)})
 
 
-
-
 def _remember(hook: Any, value: Any) -> None:
     """``_``, ``__``, ``___`` as IPython keeps them (a user's own ``_`` is left alone);
     without ``_N``/``Out``: workers have no execution count."""
@@ -305,7 +301,7 @@ def _rich_formats(shell: Any, value: Any) -> tuple[dict, dict]:
         here = _SHELL_PER_PROCESS
         if here.printers is None:  # the dicts ``for_type`` fills (kept: traitlets are slow)
             here.printers = [f.type_printers for f in formatter.formatters.values()
-                         if f.format_type != "text/plain"]
+                             if f.format_type != "text/plain"]
         if not any(kind in printers for printers in here.printers):
             return {}, {}
     try:
