@@ -3,15 +3,18 @@
 A subsystem keeps its per-world state in a class of its own and reaches it with
 ``part(Kind)`` (made on first use in a world) or ``peek(Kind)`` (None if not made). ``end()``,
 called as this process leaves its world (``proc.membership.leave``), closes every part (its
-``close()``, if it has one, newest first) and drops the object: the next world starts from
-nothing. A child forked from a rank (a DataLoader worker) is in no world: its parts'
-``in_forked_child()`` run, without locks or peers, and it starts with an empty object too.
+``close()``, if it has one, newest first: shared memory, the process groups user code made,
+tracing...), runs torch's own shutdown and resets it is given, and drops the object: the
+next world starts from nothing. A child forked from a rank (a DataLoader worker) is in no
+world: its parts' ``in_forked_child()`` run, without locks or peers, and it starts with an
+empty object too.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 __all__ = ["WorldState", "current", "end", "part", "peek"]
@@ -84,9 +87,20 @@ def peek(kind: type[T]) -> T | None:
     return _WORLD_PER_PROCESS.current.peek(kind)
 
 
-def end() -> None:
-    """This process leaves its world: every part closes and the next world starts empty."""
-    _WORLD_PER_PROCESS.renew().close()
+def end(then: Callable[[], None] | None = None) -> None:
+    """This process leaves its world: every part closes (newest first), then ``then`` runs
+    (torch's own shutdown and resets: what the world made on top of torch ends before torch's
+    agent does), then the next world starts empty. A part that something touched during
+    ``then`` (an RPC still finishing) belongs to the ended world and closes with it."""
+    ended = _WORLD_PER_PROCESS.current
+    ended.close()
+    try:
+        if then is not None:
+            then()
+    finally:
+        if _WORLD_PER_PROCESS.current is ended:
+            _WORLD_PER_PROCESS.renew()
+        ended.close()
 
 
 def _after_fork() -> None:

@@ -1,6 +1,6 @@
 """``init_process_group`` and ``destroy_process_group`` called by user code on a rank of a world.
 
-Inside a world (``attach`` .. ``detach``) ``init_process_group`` joins through the world's private
+Inside a world (``attach`` until the world ends) ``init_process_group`` joins through its private
 store whatever ``init_method`` says, so no port is opened (torch's TCP store on a fixed port
 collides between notebooks and listens on every interface); rank 0 says so once per world.
 Otherwise the calls act as in a script, torch's errors included: members naming the same
@@ -24,11 +24,12 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from .. import world_state
 from ..envflag import switched_on
 from ..groups import graveyard, rendezvous
 from . import on_import, torch_private
 
-__all__ = ["FLAG", "Membership", "attach", "destroy_own", "detach", "install",
+__all__ = ["FLAG", "Membership", "attach", "destroy_own", "install",
            "install_on_import", "installed", "torch_init"]
 
 FLAG = "NBDIST_PATCH_PROCESS_GROUP"
@@ -59,10 +60,11 @@ class _TorchOwn:
 
 @dataclass
 class _InWorld:
-    """What this process knows of the world it is in: made by ``attach``, dropped by
-    ``detach`` (a world's end is dropping it)."""
+    """What this process knows of the world it is in: a ``world_state`` part, filled by
+    ``attach``; it closes with the world (``close``). A child forked from a rank (a
+    DataLoader worker, a ``multiprocessing`` child) is in no world: its calls are torch's."""
 
-    member: Membership
+    member: Membership | None = None  # None until ``attach``
     own_group: Any = None  # the default group the world made (None: none)
     base: Any = None  # the world's store, made on first use
     said: bool = False  # the one line about ports was printed in this world
@@ -76,13 +78,26 @@ class _InWorld:
     # methods are the Python object's (new_group, DeviceMesh call them long after the init)
     stores: list[Any] = field(default_factory=list)
 
+    def close(self) -> None:
+        """The world ends here: a default group user code made in it and left is ended (kept
+        alive, as any), and torch's functions behave as torch's again."""
+        if self.member is None:
+            return
+        if self.made:
+            _destroy(None, self)
+        close = getattr(self.base, "close", None)  # a host world's store: its sockets end here
+        if close is not None:
+            close()
+        self.member = None
+
 
 _TORCH_OWN_PER_PROCESS = _TorchOwn()
-_in_world: list[_InWorld] = []  # this process's world, while it is in one (0 or 1 entries)
 
 
 def _world() -> _InWorld | None:
-    return _in_world[0] if _in_world else None
+    """The world this process is in, None between worlds (and in a forked child)."""
+    world = world_state.peek(_InWorld)
+    return world if world is not None and world.member is not None else None
 
 
 def installed() -> bool:
@@ -132,26 +147,10 @@ def torch_init(*args: Any, **kwargs: Any) -> Any:
 
 def attach(member: Membership, own_group: Any = None) -> None:
     """This process is now ``member`` of a world; ``own_group``: the default group the world
-    made (or None)."""
-    world, before = _InWorld(member, own_group), _world()
-    if before is not None:  # attached again without a detach: a group user code made stays
-        world.made, world.made_in, world.excepthook = before.made, before.made_in, before.excepthook
-        world.timeout, world.stores = before.timeout, before.stores
-    _in_world[:] = [world]
-
-
-def detach() -> None:
-    """The world ends here: a default group user code made in it and left is ended (kept
-    alive, as any), and torch's functions behave as torch's again."""
-    world = _world()
-    if world is None:
-        return
-    if world.made:
-        destroy_own()
-    close = getattr(world.base, "close", None)  # a host world's store: its sockets end here
-    if close is not None:
-        close()
-    _in_world.clear()
+    made (or None). Attached again in the same world, a group user code made stays."""
+    world = world_state.part(_InWorld)
+    world.member, world.own_group, world.base = member, own_group, None
+    world.said, world.borrowed, world.borrowed_in = False, False, None
 
 
 def _world_groups(group: Any) -> list[Any]:
@@ -169,11 +168,14 @@ def _world_groups(group: Any) -> list[Any]:
 
 def destroy_own(group: Any = None) -> None:
     """End ``group`` (default: every group) without freeing it where that could freeze."""
+    _destroy(group, _world())
+
+
+def _destroy(group: Any, world: _InWorld | None) -> None:
     import torch.distributed as dist
 
     if not dist.is_initialized():
         return
-    world = _world()
     graveyard.bury(_world_groups(group),
                    max(world.timeout, world.member.timeout) if world is not None else 1800.0)
     if _TORCH_OWN_PER_PROCESS.destroy is not None:

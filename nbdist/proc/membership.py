@@ -207,27 +207,27 @@ def let_user_groups_in(rank: int, world_size: int, name: str, store: Callable[[]
 def leave(group: bool = True, rpc_agent: bool = True, reset_rpc: bool = True,
           interrupt: bool = False, reset_rrefs: bool = False) -> None:
     """Leave this process's world without waiting for any peer: ``interrupt`` RPC functions
-    still running (they would hold up the shutdown), close shared memory, end user groups,
-    end the default ``group``, shut the ``rpc_agent`` down, forget RPC's per-process state
-    (``reset_rpc``) and the RRef context (``reset_rrefs``) for the next world; last, drop
-    what described the world (``world_state.end``)."""
+    still running (they would hold up the shutdown); the world's state ends
+    (``world_state.end``: shared memory, the groups user code made, tracing, barriers...);
+    then torch's own: end the default ``group``, shut the ``rpc_agent`` down, forget RPC's
+    per-process state (``reset_rpc``) and the RRef context (``reset_rrefs``)."""
     import torch.distributed.rpc as rpc
+
+    def torch_own() -> None:
+        if group:
+            nccl.leave_group()
+        if rpc_agent:
+            try:
+                rpc.shutdown(graceful=False)
+            except Exception:  # noqa: BLE001 - not initialised, or its peers gone
+                pass
+        if reset_rpc:
+            rpc_hooks.reset_world_state()
+        if reset_rrefs:
+            from ..patches import rref_reset
+
+            rref_reset.reset_singleton()
 
     if interrupt:
         rpc_hooks.interrupt_rpc_threads()
-    shm.close_world()
-    process_group.detach()  # a group user code made and left is ended too
-    if group:
-        nccl.leave_group()
-    if rpc_agent:
-        try:
-            rpc.shutdown(graceful=False)
-        except Exception:  # noqa: BLE001 - not initialised, or its peers gone
-            pass
-    if reset_rpc:
-        rpc_hooks.reset_world_state()
-    if reset_rrefs:
-        from ..patches import rref_reset
-
-        rref_reset.reset_singleton()
-    world_state.end()  # what described the world (shm, tracing, barriers...) goes with it
+    world_state.end(then=torch_own)

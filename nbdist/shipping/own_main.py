@@ -19,6 +19,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from .. import world_state
+
 __all__ = ["UNCHANGED", "WAIT", "forget_peers", "main_namespace", "mark_sent", "merge",
            "outgoing", "sender_wins"]
 
@@ -39,8 +41,9 @@ UNCHANGED = _Unchanged()
 _MISSING = object()
 
 
-class _State:
-    """One process's mirroring state (a sender and a receiver both)."""
+class _Mirror:
+    """This process's own side of mirroring: who it is as a sender, and what it mirrored into
+    its namespace (its namespace outlives worlds)."""
 
     def __init__(self) -> None:
         self.reset()
@@ -48,23 +51,34 @@ class _State:
     def reset(self) -> None:
         """As new: a forked child is a sender and receiver of its own."""
         self.me = os.urandom(6).hex()  # who sent a value (the receiver keys by it)
+        # receiver: name -> the object this rank mirrored into its namespace last
+        self.mirrored: dict[str, Any] = {}
+
+
+class _ValuesInWorld:
+    """Which values went where, and came from whom, in this world (a ``world_state`` part:
+    a new world's ranks hold none of ours, and its senders are new)."""
+
+    def __init__(self) -> None:
         # sender: (destination, name) -> the object last shipped there (held: its id is the
         # token, so it must not be reused while remembered)
         self.sent: dict[tuple[str, str], Any] = {}
-        # receiver: name -> the object this rank mirrored into its namespace last
-        self.mirrored: dict[str, Any] = {}
-        self.have: set[tuple[str, str]] = set()  # (sender, name) whose value arrived
+        self.have: set[tuple[str, str]] = set()  # receiver: (sender, name) whose value arrived
         self.cv = threading.Condition()
 
 
-_state = _State()
+_MIRROR_PER_PROCESS = _Mirror()
 
 
 def _after_fork() -> None:
-    _state.reset()
+    _MIRROR_PER_PROCESS.reset()
 
 
 os.register_at_fork(after_in_child=_after_fork)
+
+
+def _world() -> _ValuesInWorld:
+    return world_state.part(_ValuesInWorld)
 
 
 def main_namespace() -> dict:
@@ -77,18 +91,18 @@ def main_namespace() -> dict:
 
 
 def forget_peers() -> None:
-    """A new world: its ranks hold none of our values, and old senders are gone."""
-    _state.sent.clear()
-    with _state.cv:
-        _state.have.clear()
+    """Its ranks hold none of our values, and no sender's arrived: as a new world."""
+    world = _world()
+    world.sent.clear()
+    with world.cv:
+        world.have.clear()
 
 
 def outgoing(dest: str | None, g: dict, names: tuple) -> tuple[str, tuple]:
     """The globals a function reads, as (sender, ((name, value or UNCHANGED), ...)): a value
     ``dest`` already holds goes as the marker (``mark_sent`` records what went out)."""
-    st = _state
     entries = []
-    sent = st.sent
+    sent = _world().sent
     for name in names:
         value = g.get(name, _MISSING)
         if value is _MISSING:
@@ -97,12 +111,12 @@ def outgoing(dest: str | None, g: dict, names: tuple) -> tuple[str, tuple]:
             entries.append((name, UNCHANGED))
         else:
             entries.append((name, value))
-    return st.me, tuple(entries)
+    return _MIRROR_PER_PROCESS.me, tuple(entries)
 
 
 def mark_sent(dest: str, entries: tuple) -> None:
     """The request that carried ``entries`` to ``dest`` went out: it holds those values."""
-    sent = _state.sent
+    sent = _world().sent
     for name, value in entries:
         if value is not UNCHANGED:
             sent[(dest, name)] = value
@@ -125,8 +139,8 @@ def merge(sender: str, entries: tuple, ns: dict) -> None:
     """Apply a sender's globals to ``ns`` by the rule in this module's docstring."""
     if not entries:
         return
-    st = _state
-    mirrored = st.mirrored
+    st = _world()
+    mirrored = _MIRROR_PER_PROCESS.mirrored
     force = getattr(_sender_wins, "on", False)
     waiting = []
     with st.cv:

@@ -168,7 +168,8 @@ def open_world(cfg: dict | None) -> None:
 
 
 def close_world() -> None:
-    """The world ends here (``world_state.end`` does it too): see ``_ShmWorld.close``."""
+    """This process's side of the path ends now (``world_state.end`` ends it with the world):
+    see ``_ShmWorld.close``."""
     world = world_state.peek(_ShmWorld)
     if world is not None:
         world.close()

@@ -106,3 +106,56 @@ def test_a_world_leaves_nothing_of_itself(world, monkeypatch):
     c = world(1)  # and the next world works from nothing
     assert torch.equal(rpc.rpc_sync("worker1", _plus_one, args=(big,)), big + 1)
     assert shm.usage()["sent"] >= 1
+
+
+def test_parts_close_before_torchs_shutdown_and_what_it_touches_goes_with_the_world():
+    world_state.end()
+    _Part.closed = []
+    world_state.part(_First)
+    seen = []
+
+    def torch_own():  # stands where rpc.shutdown runs: a late RPC touches a part
+        seen.append(list(_Part.closed))
+        world_state.part(_Second)
+
+    world_state.end(then=torch_own)
+    assert seen == [["_First"]], "the world's parts were not closed before torch's shutdown"
+    assert _Part.closed == ["_First", "_Second"], "a part made during the shutdown stayed open"
+    assert world_state.peek(_First) is None and world_state.peek(_Second) is None
+
+
+_CHILD_GROUP = """
+import os, sys, socket, torch
+import torch.distributed as dist
+s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
+pid = os.fork()
+if pid == 0:
+    try:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0,
+                                world_size=1)
+        t = torch.ones(2)
+        dist.all_reduce(t)
+        print("CHILD", dist.get_world_size(), dist.get_rank(), t.tolist(), flush=True)
+        dist.destroy_process_group()
+    finally:
+        os._exit(0)
+os.waitpid(pid, 0)
+"""
+
+
+def test_a_child_forked_from_a_rank_makes_torchs_own_group(world, capfd):
+    """A child forked from a rank is in no world (issue 42): its ``init_process_group`` is
+    torch's, with the address it names, as the same code forked from a script's process."""
+    import subprocess
+    import sys
+
+    script = subprocess.run([sys.executable, "-c", _CHILD_GROUP], capture_output=True,
+                            text=True, timeout=120)
+    reference = [ln for ln in script.stdout.splitlines() if ln.startswith("CHILD")]
+    assert reference == ["CHILD 1 0 [1.0, 1.0]"], script.stdout + script.stderr
+    world(1)
+    capfd.readouterr()
+    exec(compile(_CHILD_GROUP, "<cell>", "exec"), {"__name__": "__cell__"})
+    out, err = capfd.readouterr()
+    assert [ln for ln in out.splitlines() if ln.startswith("CHILD")] == reference, out + err
+    assert "private rendezvous" not in err, "the forked child joined its parent's world"
