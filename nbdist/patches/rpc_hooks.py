@@ -67,23 +67,31 @@ class WorldHooks(Protocol):
 
 
 @dataclass
-class _Attached:
-    """The world rank 0's RPC calls run in now (one slot, swapped whole)."""
+class _Watched:
+    """The world rank 0's RPC calls consult (a ``world_state`` part: it ends with the world,
+    before torch's shutdown)."""
 
     world: WorldHooks | None = None
 
+    def close(self) -> None:
+        self.world = None
 
-_ATTACHED = _Attached()
+
+def _attached() -> WorldHooks | None:
+    watched = world_state.peek(_Watched)
+    return watched.world if watched is not None else None
 
 
 def attach(world: WorldHooks) -> None:
-    """From now on rank 0's RPC calls consult ``world`` (until ``detach``)."""
-    _ATTACHED.world = world
+    """From now on rank 0's RPC calls consult ``world`` (until ``detach`` or its end)."""
+    world_state.part(_Watched).world = world
 
 
 def detach() -> None:
     """No world: RPC calls wait as torch's own do (interruptibly) and consult nothing."""
-    _ATTACHED.world = None
+    watched = world_state.peek(_Watched)
+    if watched is not None:
+        watched.close()
 
 
 class _LastFailed:
@@ -133,11 +141,11 @@ def _wait_interruptibly(fut: Any, dest: Any, poll: float) -> None:
             pin()
 
         fut.add_done_callback(opened)
-        world = _ATTACHED.world
+        world = _attached()
         if world is not None and dest is not None:
             world.check_dest(dest)  # now too: the notebook attends a breakpoint hit at once
         while not gate.acquire(timeout=poll):
-            world = _ATTACHED.world
+            world = _attached()
             if world is not None and dest is not None:
                 world.check_dest(dest)
     except KeyboardInterrupt:
@@ -148,7 +156,7 @@ def _wait_interruptibly(fut: Any, dest: Any, poll: float) -> None:
 def _tell_interrupted(dest: Any, fut: Any = None) -> None:
     """Tell the world once, to the end, even if Ctrl-C is pressed again meanwhile (the caller
     raises KeyboardInterrupt anyway; a hook cut short would leave remote work on)."""
-    world = _ATTACHED.world
+    world = _attached()
     if world is None or dest is None:
         return
     for _ in range(3):
@@ -161,7 +169,7 @@ def _tell_interrupted(dest: Any, fut: Any = None) -> None:
 
 def _tell_replied(dest: Any) -> None:
     """Tell the world an RPC to ``dest`` ended (it keeps its own short deadline)."""
-    world = _ATTACHED.world
+    world = _attached()
     if world is not None:
         world.replied(dest)
 
@@ -171,7 +179,7 @@ _MISSING = re.compile(r"ModuleNotFoundError: No module named '([^']+)'")
 
 def _explain_missing_module(exc: BaseException, dest: Any) -> None:
     """A module the destination cannot import, on another host: say which module and host."""
-    world = _ATTACHED.world
+    world = _attached()
     where = world.locate(dest) if world is not None and dest is not None else None
     found = _MISSING.search(str(exc))
     if where and found:
@@ -186,7 +194,7 @@ _TRANSPORT = ("eof", "pipe closed", "connection reset", "connection closed", "br
 
 def _explain_transport_error(exc: BaseException, dest: Any, grace: float = 2.0) -> None:
     """A connection error from a peer that has died becomes a WorkerDiedError naming it."""
-    world = _ATTACHED.world
+    world = _attached()
     if world is None or dest is None or not any(t in str(exc).lower() for t in _TRANSPORT):
         return
     give_up = time.monotonic() + grace  # the exit status follows the closed pipe closely
