@@ -25,7 +25,8 @@ __all__ = ["GLOO_CONNECTED", "MAX_PARTIAL", "NOISE_BLOCK", "NOISE_LINE", "WARNIN
            "drop_stdout_noise", "filter_chunk", "filter_lines", "hide_warnings", "install",
            "installed"]
 
-_PEER_GONE = rb"(pipe closed|eof|Connection reset by peer|connection closed)"
+# TensorPipe says "EOF: end of file" over TCP (ranks on other hosts), "pipe closed" over shm
+_PEER_GONE = rb"(?i:pipe closed|eof|Connection reset by peer|connection closed)"
 NOISE_LINE = re.compile(
     rb"tensorpipe_agent\.cpp.*encountered error .*" + _PEER_GONE
     + rb"|tensorpipe_agent\.cpp.*won't send response to request #\d+ to .*as the agent is "
