@@ -31,7 +31,7 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 ifeq ($(strip $(TORCH)),)
-	$(PIP_ENV) $(BIN)/python -m pip install -q -c $(CONSTRAINTS) -e ".[test,tutorials,bench,browser,docs]"
+	$(PIP_ENV) $(BIN)/python -m pip install -q -c $(CONSTRAINTS) -e ".[test,tutorials,bench,browser,docs,ray]"
 else
 	sed 's/^torch==.*/torch==$(TORCH)/' constraints.txt > $(CONSTRAINTS)
 	$(PIP_ENV) $(BIN)/python -m pip install -q --no-deps -e .

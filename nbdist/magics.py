@@ -58,6 +58,11 @@ def _start_args(f: Any) -> Any:
                       "quotes (\"-N 2 --ntasks-per-node=4 -t 1:00:00 -p gpu\"), its ranks after "
                       "the local ones, kept across restarts until %%dist_stop --hosts "
                       "(restart: none drops it)"),
+        argument("--ray", default=None,
+                 help="ask Ray for the hosts: a placement group with these options, in "
+                      "quotes (\"--nodes 2 --ranks-per-node 2 --cpus 2 --gpus 1 --strategy "
+                      "SPREAD\"), its ranks after the local ones, kept across restarts until "
+                      "%%dist_stop --hosts (restart: none drops it)"),
         argument("--iface", default=None,
                  help="with --hosts: this machine's interface or address the hosts reach "
                       "(with --slurm: default the default route's)"),
@@ -120,8 +125,8 @@ def _parse(magic_fn: Any, line: str, magic: str, ns: dict | None = None) -> Any:
     except ValueError as exc:
         raise UsageError(f"{magic}: {exc}") from None
     for i, arg in enumerate(argv[:-1]):  # --slurm "-N2": a value argparse takes for a flag
-        if arg == "--slurm":
-            argv[i:i + 2] = [f"--slurm={argv[i + 1]}"]
+        if arg in ("--slurm", "--ray"):
+            argv[i:i + 2] = [f"{arg}={argv[i + 1]}"]
             break
     try:
         return magic_fn.parser.parse_args(argv)
@@ -143,7 +148,7 @@ def _settings(args: Any) -> dict:
         "launcher": args.launcher, "remote_python": args.remote_python,
         "gpus": args.gpus, "device_maps": args.device_maps, "heal": args.heal,
         "rpc": args.rpc, "aggregate": _ON_OFF.get(args.aggregate, args.aggregate),
-        "slurm": args.slurm, "tabs": args.tabs}.items()
+        "slurm": args.slurm, "ray": args.ray, "tabs": args.tabs}.items()
         if v is not None}
 
 

@@ -57,6 +57,7 @@ class WorldSpec:
     rpc: bool = True  # False: no torch RPC agent on any rank, a process group instead
     aggregate: bool | str = "auto"  # equal lines of many ranks shown once (``aggregates``)
     slurm: str | None = None  # sbatch options: the hosts are the nodes of one allocation
+    ray: str | None = None  # placement group options: the hosts are its bundles' nodes
     tabs: bool = False  # ``%%dist`` cells show a live tab per rank (``--tabs``)
 
     def __post_init__(self) -> None:
@@ -71,7 +72,7 @@ class WorldSpec:
                              "for example `%dist_start 4`")
         self._validate_slurm()
         self._validate_hosts()
-        if n < (0 if self.hosts or self.slurm else 1):
+        if n < (0 if self.hosts or self.scheduled else 1):
             raise ValueError(f"the number of workers must be at least 1, got {n}; the notebook "
                              "is rank 0 and workers are ranks 1..N, e.g. `%dist_start 2`")
         limit = max_workers()
@@ -114,11 +115,25 @@ class WorldSpec:
         return self
 
     def _validate_slurm(self) -> None:
-        if self.slurm is None:
-            return
-        if not isinstance(self.slurm, str) or not self.slurm.strip():
+        if self.slurm is not None and self.ray is not None:
+            raise ValueError("--slurm and --ray both ask a scheduler for the nodes: give one")
+        if self.slurm is not None and (not isinstance(self.slurm, str)
+                                       or not self.slurm.strip()):
             raise ValueError("--slurm takes the allocation's sbatch options as one string, e.g. "
                              "--slurm \"-N 2 --ntasks-per-node=2 -t 30\"")
+        if self.ray is not None and not isinstance(self.ray, str):
+            raise ValueError("--ray takes the placement group's options as one string, e.g. "
+                             "--ray \"--nodes 2 --ranks-per-node 2 --cpus 2\"")
+
+    @property
+    def scheduled(self) -> str | None:
+        """Which scheduler gives the hosts (``"slurm"``, ``"ray"``), None when none does."""
+        return "slurm" if self.slurm is not None else "ray" if self.ray is not None else None
+
+    @property
+    def scheduler_options(self) -> str | None:
+        """The options given to that scheduler (``--slurm``'s or ``--ray``'s)."""
+        return self.slurm if self.slurm is not None else self.ray
 
     def _validate_hosts(self) -> None:
         if not self.hosts:

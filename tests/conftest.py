@@ -17,10 +17,12 @@ per-world runtime directories and the working directory, naming the test that le
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -343,6 +345,40 @@ def kernel(kernels):
     return kernels()
 
 
+@contextlib.contextmanager
+def notebook_process(tmp_path: Path, start: str, timeout: float):
+    """A notebook stand-in: a Python process that runs ``start`` (its world's start call,
+    ``SESSION`` in scope), says it is ready with the allocation's id in a file, then waits on
+    its stdin; yields (process, that id). Killed at the end if it still runs.
+
+    The id goes in a file, not on stdout: torch <= 2.10 prints Gloo's "[Gloo] Rank 0 is
+    connected ..." on rank 0's stdout first, and a test reading a pipe until the child exits
+    would wait for a child that waits on its stdin."""
+    script, ready = tmp_path / "nb.py", tmp_path / "ready"
+    script.write_text("import nbdist, pathlib, sys\n"
+                      "from nbdist.cluster.session import SESSION\n"
+                      f"{start}\n"
+                      f"pathlib.Path({str(ready)!r}).write_text(SESSION.allocation.job_id)\n"
+                      "sys.stdin.read()\n")
+    log = open(tmp_path / "nb.log", "w+")
+    proc = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE,
+                            stdout=log, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "NBDIST_PREWARM": "0"})
+    try:
+        wait_until(lambda: ready.exists() or proc.poll() is not None, timeout,
+                   "the notebook process to start its world")
+        if not ready.exists():
+            log.seek(0)
+            raise AssertionError(f"the notebook process exited {proc.returncode}: {log.read()}")
+        yield proc, ready.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        proc.stdin.close()
+        log.close()
+
+
 # -- the leak guard ---------------------------------------------------------------------------
 # fds a test may leave open: handles torch and the libraries open once per process, lazily
 FD_SLACK = 2
@@ -467,7 +503,8 @@ def leak_guard(request, warm_process):
     except AssertionError:
         problems.append(f"runtime directories {sorted(_world_dirs() - dirs_before)}")
 
-    slack = FD_SLACK
+    marker = request.node.get_closest_marker("fd_slack")  # a library's own per-process fds
+    slack = marker.args[0] if marker is not None else FD_SLACK
     try:
         wait_until(lambda: len(set(_fds()) - set(fds) - _process_fds()) <= slack, THREAD_GRACE,
                    "open file descriptors to be closed")

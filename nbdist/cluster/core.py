@@ -58,7 +58,7 @@ def start(n: int, *, name: str = "worker0", worker_name: str = "worker{rank}",
           remote_python: str | None = None, gpus: str = "auto",
           device_maps: str | None = None, heal: bool = False, rpc: bool = True,
           aggregate: bool | str = "auto", slurm: str | None = None,
-          tabs: bool = False, quiet: bool = False) -> Cluster:
+          tabs: bool = False, quiet: bool = False, ray: str | None = None) -> Cluster:
     """Start ``n`` worker ranks and make this process rank 0 of their RPC world.
 
     ``rpc=False`` (``--no-rpc``): no torch RPC agent on any rank, a process group instead
@@ -78,18 +78,22 @@ def start(n: int, *, name: str = "worker0", worker_name: str = "worker{rank}",
     ``slurm`` (``"-N 2 --ntasks-per-node=4 -t 1:00:00"``): sbatch options of one SLURM
     allocation whose nodes are the hosts, ``--ntasks-per-node`` ranks on each, kept across
     restarts until ``release_hosts()`` (docs/guide/machines.md).
+    ``ray`` (``"--nodes 2 --ranks-per-node 2 --cpus 2"``): a placement group on the Ray
+    cluster this process sees, one bundle per node, its bundles the hosts, kept across
+    restarts until ``release_hosts()`` (docs/guide/machines.md, "Nodes from Ray").
     ``tabs``: ``%%dist`` cells show a live tab per rank (docs/guide/output.md).
     The start line's "ready in" counts from this call.
     """
     since = time.monotonic()
-    if slurm and hosts:
-        raise ValueError("--slurm and --hosts both say where ranks run: give one (--slurm asks "
-                         "SLURM for the nodes, --hosts names them)")
+    if (slurm or ray) and hosts:
+        flag = "--slurm" if slurm else "--ray"
+        raise ValueError(f"{flag} and --hosts both say where ranks run: give one ({flag} asks "
+                         f"{'SLURM' if slurm else 'Ray'} for the nodes, --hosts names them)")
     spec = WorldSpec(n, name, worker_name, threads, rpc_timeout, process_group,
                      start_timeout, hosts=parse_hosts(hosts, enclosing_hosts), iface=iface,
                      launcher=launcher, remote_python=remote_python, gpus=gpus,
                      device_maps=device_maps, heal=heal, rpc=rpc,
-                     aggregate=aggregate, slurm=slurm, tabs=tabs).validate()
+                     aggregate=aggregate, slurm=slurm, tabs=tabs, ray=ray).validate()
     _refuse_a_second_world()
     return _start_new(spec, quiet, since=since)
 
@@ -149,13 +153,15 @@ def _refuse_a_second_world(handle: Cluster | None = None) -> None:
 
 def _changed(spec: WorldSpec, n: int | None, changes: dict[str, Any]) -> WorldSpec:
     """``spec`` with the settings given changed (``None``: as it was), validated."""
-    slurm = changes.pop("slurm", None)
+    slurm, ray = changes.pop("slurm", None), changes.pop("ray", None)
     if changes.get("hosts") is not None:
         changes = {**changes, "hosts": parse_hosts(changes["hosts"], enclosing_hosts) or ()}
-        spec = replace(spec, slurm=None)  # named hosts (or none) replace an allocation's
-    if slurm is not None:  # new options: a new allocation ("none": back to no hosts)
-        none = slurm.strip().lower() in ("", "none")
-        spec = replace(spec, slurm=None if none else slurm, hosts=())
+        spec = replace(spec, slurm=None, ray=None)  # named hosts (or none) replace these
+    for flag, given in (("slurm", slurm), ("ray", ray)):
+        if given is not None:  # new options: a new allocation ("none": back to no hosts)
+            none = given.strip().lower() in ("", "none")
+            spec = replace(spec, slurm=None, ray=None, hosts=())
+            spec = replace(spec, **{flag: None if none else given})
     return spec.with_changes(n=n, **changes).validate()
 
 
@@ -395,7 +401,7 @@ class Cluster:
         """One row per host of this world: its agent's pid, ranks, load and free memory
         (under ``--slurm``, a first line with the job, its state and time left)."""
         return host_status(self, self._world.agents,
-                           allocation.describe() if self.spec.slurm else "")
+                           allocation.describe() if self.spec.scheduled else "")
 
     def device(self, rank: int = 0) -> str | None:
         """``"cuda:i"`` where ``rank`` runs on a GPU in this world, else None."""
@@ -488,7 +494,8 @@ class Cluster:
         since = time.monotonic()
         spec = _changed(self.spec, n, changes)
         _refuse_a_second_world(self)
-        if keep and spec.slurm and spec.slurm == self.spec.slurm and allocation.ended(spec):
+        if keep and spec.scheduled and spec.scheduler_options == self.spec.scheduler_options \
+                and allocation.ended(spec):
             keep = False  # its ranks are gone: provide() asks again, and its line says so
         if keep and self.running:
             self._rebuild(spec, quiet, since=since)

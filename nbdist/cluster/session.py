@@ -56,7 +56,7 @@ class Session:
         self.agents: dict[tuple, HostAgent] = {}  # join agents on other hosts, kept warm
         self.agent_key = os.urandom(32)  # the secret agents prove (reaches them on stdin)
         self.warned_data_plane = False
-        self.allocation: Allocation | None = None  # --slurm's job, kept across worlds
+        self.allocation: Allocation | None = None  # --slurm's job, --ray's placement group
         self.follower: Any = None  # its time-left warner (``allocation.Follower``)
         self.before_exit: list[Callable[[], None]] = []  # run first at exit, in order
         self.on_exit: list[Callable[[], None]] = []  # run last at exit, in order
@@ -104,7 +104,9 @@ class Session:
                 self.agents.pop(other).close(timeout=2.0)
             agent = self.agents.get(key)
             if agent is None:
-                agent = self.agents[key] = HostAgent(host, spec.launcher, python, iface)
+                start = self.allocation.starter() \
+                    if self.allocation is not None and spec.scheduled else None
+                agent = self.agents[key] = HostAgent(host, spec.launcher, python, iface, start)
             chosen.append(agent)
         return chosen
 
@@ -118,7 +120,8 @@ class Session:
         return len(agents)
 
     def release_allocation(self) -> bool:
-        """Give back the scheduler's allocation (``--slurm``); True if there was one."""
+        """Give back the scheduler's allocation (``--slurm``, ``--ray``); True if there was
+        one."""
         follower, self.follower = self.follower, None
         if follower is not None:
             follower.stop()

@@ -92,7 +92,8 @@ class World:
             SESSION.get_template().ensure_started()
         if self.spec.hosts:
             self.iface = netif.resolve(self.spec.iface)
-            launcher_argv(self.spec.launcher, "host", [sys.executable])
+            if self.spec.scheduled != "ray":  # Ray starts the agents itself, as actors
+                launcher_argv(self.spec.launcher, "host", [sys.executable])
         self.gpu = self._plan_devices(self.spec, self.names)
         for r, info in self.ranks.items():
             info.device = self.gpu.device(r)
@@ -178,6 +179,8 @@ class World:
             if self.store is not None:
                 self.store.close()
                 self.store = None
+            if self.iface is not None:  # a lost host's agent starts again (Ray: its bundle
+                self._start_agents(self.iface, watch)  # placed anew, maybe on another node)
             self._join_all(template, watch, kept=kept)
         except BaseException as exc:
             self.teardown()
@@ -286,11 +289,12 @@ class World:
         try:
             start_agents(agents, SESSION.agent_key, watch.deadline)
         except (StartError, DistTimeoutError) as exc:
-            if not self.spec.slurm:
+            if not self.spec.scheduled:
                 raise
-            raise type(exc)(f"{exc}\n(--slurm: the agents connect back to {iface.address} on "
-                            f"{iface.name}; where the nodes cannot reach that address, give "
-                            "--iface with this machine's interface or address they reach)"
+            raise type(exc)(f"{exc}\n(--{self.spec.scheduled}: the agents connect back to "
+                            f"{iface.address} on {iface.name}; where the nodes cannot reach "
+                            "that address, give --iface with this machine's interface or "
+                            "address they reach)"
                             ) from None
         if not SESSION.warned_data_plane:
             SESSION.warned_data_plane = True
@@ -317,11 +321,15 @@ class World:
 
     # ------------------------------------------------------------------ worker lives
     def on_host_lost(self, host: str, why: str) -> None:
-        """A host's agent went away or silent (its reader thread): its ranks are gone. When
-        the world's allocation ended, every rank on it is lost, in one line in SLURM's words
-        (asked once the job has finished completing, a few seconds at most)."""
+        """A host's agent went away or silent (its reader thread): its ranks are gone, named
+        with the scheduler's reason where it has one (Ray: the node's death), and each told
+        as a death (``--heal`` replaces them). When the world's allocation ended, every rank
+        on it is lost, in one line in SLURM's words (asked once the job has finished
+        completing, a few seconds at most)."""
+        scheduled = self.running and self.spec.scheduled
+        why = (allocation.lost_why(self.spec, host) if scheduled else None) or why
         lost = self._lose({host}, why)
-        ended = allocation.ended(self.spec) if self.running and self.spec.slurm else None
+        ended = allocation.ended(self.spec) if scheduled else None
         if ended is not None:
             hosts = sorted({h for h, _ in self.spec.hosts})
             lost = self._lose(set(hosts), ended, relabel=True)
@@ -331,8 +339,12 @@ class World:
                                        "lost; `%dist_restart` asks for a new allocation with "
                                        "the same options\n")
         elif lost and self.running:
+            again = "--heal starts it again" if self.spec.heal else \
+                "`%dist_restart` relaunches it"
             Router.write("stderr", f"nbdist: host {host} lost ({why}): {_ranks(lost)} gone; "
-                                   "`%dist_restart` relaunches it\n")
+                                   f"{again}\n")
+            for rank in lost if self._on_death is not None else ():
+                self._on_death(rank)
 
     def _lose(self, hosts: set[str], why: str, relabel: bool = False) -> list[int]:
         """Mark the live ranks on ``hosts`` lost for ``why`` (``relabel``: also those lost

@@ -1,4 +1,5 @@
-"""A world's nodes from a scheduler: ``--slurm`` made into hosts, kept across worlds.
+"""A world's nodes from a scheduler: ``--slurm`` or ``--ray`` made into hosts, kept across
+worlds.
 
 ``provide(spec)`` returns ``spec`` with the hosts, launcher and interface of the session's
 allocation: the running one when its options match, else a new one (submitted, followed
@@ -21,10 +22,10 @@ from ..cluster.session import SESSION
 from ..output.router import Router, StatusLine
 from ..spec import WorldSpec
 from . import netif
-from .scheduler import Allocation, JobState, NodeShare, describe_end, new_allocation
+from .scheduler import Allocation, JobState, NodeShare, new_allocation
 
-__all__ = ["WARN_ENV", "Follower", "describe", "ended", "provide", "rank_shares", "release",
-           "remote_devices", "shares"]
+__all__ = ["WARN_ENV", "Follower", "describe", "ended", "lost_why", "provide", "rank_shares",
+           "release", "remote_devices", "shares"]
 
 _COMPLETING = 15.0  # seconds to wait for a job's end to be named (KillWait, epilogs)
 WARN_ENV = "NBDIST_SLURM_WARN"  # minutes left when the running cell is warned (default 5)
@@ -39,19 +40,20 @@ def _clock(seconds: float | None) -> str:
 
 def provide(spec: WorldSpec, quiet: bool = False) -> WorldSpec:
     """``spec`` placed on the session's allocation (see the module); ``spec`` itself without
-    ``--slurm``."""
-    if not spec.slurm:
+    ``--slurm`` or ``--ray``."""
+    kind, options = spec.scheduled, spec.scheduler_options
+    if kind is None or options is None:
         return spec
     job = SESSION.allocation
-    if job is not None and job.options == spec.slurm and job.job_id is not None:
+    if job is not None and _same(job, kind, options) and job.job_id is not None:
         state = job.state()
         if state.running:
             return _placed(spec, job)
         if state.ended and not quiet:
-            print(f"nbdist: SLURM job {job.job_id} ended: {describe_end(state)}; asking for "
-                  "a new allocation with the same options")
+            print(f"nbdist: {job.what} {job.job_id} ended: {job.describe_end(state)}; asking "
+                  "for a new allocation with the same options")
     release()
-    job = new_allocation(spec.slurm)
+    job = new_allocation(kind, options)
     SESSION.allocation = job
     status = StatusLine()
     try:
@@ -61,36 +63,41 @@ def provide(spec: WorldSpec, quiet: bool = False) -> WorldSpec:
         job.nodes()
     except BaseException:
         release()
-        status.done(f"nbdist: SLURM job {job.job_id or '-'} cancelled")
+        status.done(f"nbdist: {job.what} {job.job_id or '-'} cancelled")
         raise
-    status.done(f"nbdist: SLURM job {job.job_id} RUNNING on "
+    status.done(f"nbdist: {job.what} {job.job_id} RUNNING on "
                 + ", ".join(s.host for s in job.nodes()), always=True)  # where it runs, always
     SESSION.follower = Follower(job)
     return _placed(spec, job)
 
 
+def _same(job: Allocation, kind: str, options: str) -> bool:
+    return job.options == options and (job.what == "Ray placement group") == (kind == "ray")
+
+
 def _pending_line(job: Allocation, state: JobState, waited: float) -> str:
-    reason = f" ({state.reason})" if state.reason and state.reason != "None" else ""
-    return (f"nbdist: SLURM job {job.job_id} {state.state}{reason}, waited {waited:.0f}s "
+    reason = f" ({state.reason})" if state.reason and state.reason not in ("None",
+                                                                            state.state) else ""
+    return (f"nbdist: {job.what} {job.job_id} {state.state}{reason}, waited {waited:.0f}s "
             "(Ctrl-C cancels it)")
 
 
 def _placed(spec: WorldSpec, job: Allocation) -> WorldSpec:
     hosts = tuple((s.host, s.ranks) for s in job.nodes())
-    iface = spec.iface
+    iface = spec.iface or getattr(job, "local_address", lambda: None)()
     if not iface:
         default = netif.default_interface()
         if default is None:
-            raise ValueError("--slurm: this machine has no default route, so give --iface: "
-                             "its interface or address that the nodes reach")
+            raise ValueError(f"--{spec.scheduled}: this machine has no default route, so give "
+                             "--iface: its interface or address that the nodes reach")
         iface = default.name
     return replace(spec, hosts=hosts, launcher=job.launcher(), iface=iface).validate()
 
 
 def shares(spec: WorldSpec) -> dict:
-    """host -> ``NodeShare`` of the session's allocation, for a ``--slurm`` world."""
+    """host -> ``NodeShare`` of the session's allocation, for a ``--slurm``/``--ray`` world."""
     job = SESSION.allocation
-    if not spec.slurm or job is None or job.job_id is None:
+    if not spec.scheduled or job is None or job.job_id is None:
         return {}
     return {s.host: s for s in job.nodes()}
 
@@ -117,14 +124,22 @@ def remote_devices(spec: WorldSpec) -> tuple[tuple[str, int | None], ...]:
 def ended(spec: WorldSpec) -> str | None:
     """``SLURM job 12 ended: TIMEOUT (...)`` when ``spec``'s allocation has ended, else None."""
     job = SESSION.allocation
-    if not spec.slurm or job is None or job.job_id is None:
+    if not spec.scheduled or job is None or job.job_id is None:
         return None
     state = job.state()
     deadline = time.monotonic() + _COMPLETING
     while state.state == "COMPLETING" and time.monotonic() < deadline:
         time.sleep(0.2)  # SLURM names the end (CANCELLED, TIMEOUT...) once it completed
         state = job.state()
-    return f"SLURM job {job.job_id} ended: {describe_end(state)}" if state.ended else None
+    return f"{job.what} {job.job_id} ended: {job.describe_end(state)}" if state.ended else None
+
+
+def lost_why(spec: WorldSpec, host: str) -> str | None:
+    """The scheduler's reason ``host``'s agent was lost (Ray: its node's death), or None."""
+    job = SESSION.allocation
+    if not spec.scheduled or job is None or job.job_id is None:
+        return None
+    return job.lost_why(host)
 
 
 def describe() -> str:
@@ -135,7 +150,10 @@ def describe() -> str:
     state = job.state()
     left = f", {_clock(state.time_left)} left" if state.running and state.time_left else ""
     limit = f" (time limit {state.time_limit})" if state.time_limit else ""
-    return f"SLURM job {job.job_id}: {state.state}{left}{limit}; --slurm {job.options!r}"
+    flag = "--ray" if job.what.startswith("Ray") else "--slurm"
+    where = getattr(job, "placed", lambda: "")()
+    return (f"{job.what} {job.job_id}: {state.state}{left}{limit}{where}; "
+            f"{flag} {job.options!r}")
 
 
 def release() -> bool:

@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from ..control.channel import Channel, HandshakeError, Listener
 from ..control.protocol import AgentReady, Heartbeat, ProtocolError
@@ -61,8 +62,12 @@ def launcher_argv(launcher: str, host: str, command: list[str]) -> list[str]:
 class HostAgent(ForkClient):
     """Client side of the join agent on one host."""
 
-    def __init__(self, host: str, launcher: str, remote_python: str, iface: Interface) -> None:
+    def __init__(self, host: str, launcher: str, remote_python: str, iface: Interface,
+                 start: Callable[..., Any] | None = None) -> None:
         super().__init__()
+        # a scheduler that starts agents itself (Ray's actors): ``start(host, argv, request,
+        # on_stderr)`` returns a ``Popen``-like handle (``scheduler_api.Allocation.starter``)
+        self.start = start
         self.host, self.launcher, self.remote_python, self.iface = (host, launcher,
                                                                      remote_python, iface)
         self.info: AgentReady | None = None
@@ -80,8 +85,17 @@ class HostAgent(ForkClient):
         """Start the launcher; the agent will connect to ``join_address`` proving ``key``."""
         self.close(timeout=1.0)
         self.info, self.lost, self._stderr = None, None, []
-        self.argv = launcher_argv(self.launcher, self.host,
-                                  [self.remote_python, "-m", "nbdist.join"])
+        request = {"host": self.host, "address": list(join_address), "key": key.hex()}
+        self._start(json.dumps(request) + "\n")
+
+    def _start(self, request: str) -> None:
+        """Run the launcher and give the agent ``request`` on its stdin."""
+        command = [self.remote_python, "-m", "nbdist.join"]
+        if self.start is not None:
+            self.argv = command
+            self.proc = self.start(self.host, command, request, self._stderr.append)
+            return
+        self.argv = launcher_argv(self.launcher, self.host, command)
         try:
             self.proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE,
                                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -89,10 +103,9 @@ class HostAgent(ForkClient):
         except OSError as exc:
             raise StartError(f"could not run the launcher for host {self.host!r}: "
                              f"{shlex.join(self.argv)}: {exc}") from None
-        request = {"host": self.host, "address": list(join_address), "key": key.hex()}
         assert self.proc.stdin is not None
         try:
-            self.proc.stdin.write((json.dumps(request) + "\n").encode())
+            self.proc.stdin.write(request.encode())
             self.proc.stdin.flush()
         except OSError:
             pass  # it died at once: the start reports its stderr
@@ -175,6 +188,9 @@ class HostAgent(ForkClient):
                 proc.stdin.close()
             except OSError:
                 pass
+        release = getattr(proc, "release", None)  # a scheduler's handle: its actor goes too
+        if release is not None:
+            release()
 
 
 def start_agents(agents: list[HostAgent], key: bytes, deadline: float) -> None:

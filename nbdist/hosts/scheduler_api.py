@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 __all__ = ["Allocation", "JobState", "NodeShare"]
 
@@ -78,6 +78,7 @@ class Allocation(Protocol):
 
     options: str
     job_id: str | None
+    what: str  # how the scheduler calls it: "SLURM job", "Ray placement group"
 
     def request(self) -> str:
         """Submit; returns the job id. ValueError with the scheduler's words if refused."""
@@ -97,3 +98,15 @@ class Allocation(Protocol):
 
     def release(self) -> None:
         """Give it back, whatever its state; idempotent."""
+
+    def describe_end(self, state: JobState) -> str:
+        """Why it ended, in the scheduler's words and ours."""
+
+    def starter(self) -> Callable[..., Any] | None:
+        """How the scheduler starts a join agent itself (Ray: an actor), as
+        ``start(host, argv, request, on_stderr)`` returning a ``Popen``-like handle; None: the
+        ``launcher`` template does."""
+
+    def lost_why(self, host: str) -> str | None:
+        """The scheduler's reason a host's agent was lost (a node it reports dead), asked
+        for a moment; None when it has none."""

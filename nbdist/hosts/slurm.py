@@ -152,6 +152,8 @@ def _tasks_per_node(first: dict[str, str], nodes: int) -> list[int]:
 class SlurmJob:
     """One SLURM allocation for this notebook (``scheduler.Allocation``)."""
 
+    what = "SLURM job"
+
     def __init__(self, options: str) -> None:
         self.options = options
         try:
@@ -260,6 +262,16 @@ class SlurmJob:
     def launcher(self) -> str:
         return (f"srun --jobid={self.job_id} --overlap --whole --nodes=1 --ntasks=1 "
                 "--nodelist={host} --kill-on-bad-exit=0 {command}")
+
+    @staticmethod
+    def describe_end(state: JobState) -> str:
+        return describe_end(state)
+
+    def starter(self) -> None:
+        return None  # the launcher template (srun) starts the agents
+
+    def lost_why(self, host: str) -> None:
+        return None  # the job's end is asked for as a whole (``allocation.ended``)
 
     # -- give it back ----------------------------------------------------------------------
     def release(self) -> None:

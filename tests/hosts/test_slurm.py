@@ -12,13 +12,11 @@ import os
 import re
 import signal
 import subprocess
-import sys
-import textwrap
 import threading
 import time
 
 import pytest
-from conftest import wait_until
+from conftest import notebook_process, wait_until
 from slurmbed import IFACE, SlurmBed, cannot_run, jobs
 
 import nbdist
@@ -147,37 +145,12 @@ def test_a_three_node_world(released, capfd):
 
 
 def test_a_killed_notebook_leaves_no_job(bed, tmp_path):
-    # The notebook says it is ready in a file, not on stdout: torch <= 2.10 prints Gloo's
-    # "[Gloo] Rank 0 is connected ..." on rank 0's stdout first, and a test reading a pipe
-    # until the child exits would wait for a child that waits on its stdin.
-    script, ready = tmp_path / "nb.py", tmp_path / "ready"
-    script.write_text(textwrap.dedent(f"""
-        import nbdist, pathlib, sys
-        from nbdist.cluster.session import SESSION
-        nbdist.start(0, slurm="-N2", iface={IFACE!r}, quiet=True)
-        pathlib.Path({str(ready)!r}).write_text(SESSION.allocation.job_id)
-        sys.stdin.read()
-    """))
-    log = open(tmp_path / "nb.log", "w+")
-    proc = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE,
-                            stdout=log, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "NBDIST_PREWARM": "0"})
-    try:
-        wait_until(lambda: ready.exists() or proc.poll() is not None, START,
-                   "the notebook process to start its world")
-        if not ready.exists():
-            log.seek(0)
-            raise AssertionError(f"the notebook process exited {proc.returncode}: {log.read()}")
-        assert jobs() == [ready.read_text()]
+    with notebook_process(tmp_path, f"nbdist.start(0, slurm='-N2', iface={IFACE!r}, quiet=True)",
+                          START) as (proc, job):
+        assert jobs() == [job]
         proc.kill()
         proc.wait(10)
         wait_until(lambda: not jobs(), GONE, "the job to end after the notebook's SIGKILL")
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
-        proc.stdin.close()
-        log.close()
 
 
 @pytest.fixture
