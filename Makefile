@@ -96,6 +96,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/gpu/gpu.py
 	$(BIN)/python bench/cells/output.py
 	$(BIN)/python bench/hosts/slurm.py
+	$(BIN)/python bench/hosts/ray.py
 	$(BIN)/python bench/shm/ps_shm.py
 	$(BIN)/python bench/shm/shm_fixed_cost.py
 	$(BIN)/python bench/shm/shm_medium.py

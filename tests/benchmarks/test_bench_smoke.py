@@ -24,6 +24,7 @@ import psutil
 import pytest
 from conftest import ROOT, wait_until
 from fakehosts import can_make_namespaces
+from raybed import cannot_run as ray_cannot_run
 from slurmbed import cannot_run as slurm_cannot_run
 
 BENCH = ROOT / "bench"
@@ -44,6 +45,7 @@ SCRIPTS = {
     "gpu/gpu.py": ["gpu.json", "gpu.md"],
     "cells/output.py": ["output.json", "output.md"],
     "hosts/slurm.py": ["slurm.json", "slurm.md"],
+    "hosts/ray.py": ["ray.json", "ray.md"],
     "shm/ps_shm.py": ["ps_shm.json", "ps_shm.md"],
     "shm/shm_fixed_cost.py": ["shm_fixed_cost.json", "shm_fixed_cost.md"],
     "shm/shm_medium.py": ["shm_medium.json", "shm_medium.md"],
@@ -122,11 +124,13 @@ def _session_procs(sid: int) -> list[psutil.Process]:
 def test_every_bench_script_runs_in_smoke_mode(tmp_path):
     multihost_why = can_make_namespaces()
     slurm_why = slurm_cannot_run()
+    ray_why = ray_cannot_run()
     procs: dict[str, tuple[subprocess.Popen, Path, object]] = {}
     todo = [s for s in SCRIPTS if s not in SAME_AS
             # each says why and writes nothing, as make bench
             and not (s == "hosts/multihost.py" and multihost_why is not None)
-            and not (s == "hosts/slurm.py" and slurm_why is not None)]
+            and not (s == "hosts/slurm.py" and slurm_why is not None)
+            and not (s == "hosts/ray.py" and ray_why is not None)]
     started: dict[str, float] = {}
     try:
         while todo or any(p.poll() is None for p, _, _ in procs.values()):
