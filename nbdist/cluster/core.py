@@ -137,7 +137,16 @@ def restart(n: int | None = None, *, keep: bool = False, quiet: bool = False,
         raise ClusterStateError("no world to restart; start one with `%dist_start N`")
     if keep and not quiet:
         print("nbdist: no world is running, so no rank has state to keep; starting a fresh one")
+    if _drops_scheduler(changes):
+        SESSION.close_agents()
     return _start_new(_changed(Cluster.last_spec, n, changes), quiet, since=since)
+
+
+def _drops_scheduler(changes: dict[str, Any]) -> bool:
+    """Whether ``--slurm none`` or ``--ray none`` is among a restart's ``changes``: the
+    allocation kept warm is given back (and its agents end) before the new world starts."""
+    return any(isinstance(changes.get(k), str) and changes[k].strip().lower() in ("", "none")
+               for k in ("slurm", "ray"))
 
 
 def _refuse_a_second_world(handle: Cluster | None = None) -> None:
@@ -492,6 +501,7 @@ class Cluster:
         The line's time counts from this call (the old world's stop included).
         """
         since = time.monotonic()
+        drop = _drops_scheduler(changes)  # before _changed, which takes them out
         spec = _changed(self.spec, n, changes)
         _refuse_a_second_world(self)
         if keep and spec.scheduled and spec.scheduler_options == self.spec.scheduler_options \
@@ -504,6 +514,8 @@ class Cluster:
             print("nbdist: this world is not running, so no rank has state to keep; "
                   "starting a fresh one")
         self.stop()
+        if drop:
+            SESSION.close_agents()
         return _start_new(spec, quiet, handle=self, since=since)
 
     def _rebuild(self, spec: WorldSpec, quiet: bool, healing: list[int] | None = None,

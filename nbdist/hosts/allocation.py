@@ -52,7 +52,8 @@ def provide(spec: WorldSpec, quiet: bool = False) -> WorldSpec:
         if state.ended and not quiet:
             print(f"nbdist: {job.what} {job.job_id} ended: {job.describe_end(state)}; asking "
                   "for a new allocation with the same options")
-    release()
+    if job is not None:
+        SESSION.close_agents()  # the agents ran in it: they end as it is given back
     job = new_allocation(kind, options)
     SESSION.allocation = job
     status = StatusLine()

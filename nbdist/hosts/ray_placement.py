@@ -35,8 +35,9 @@ __all__ = ["STRATEGIES", "AgentProcess", "RayPlacement", "describe_end", "parse_
 
 STRATEGIES = ("SPREAD", "PACK", "STRICT_SPREAD", "STRICT_PACK")
 _CONNECT_TIMEOUT = 60.0  # seconds ``ray.init`` may take to reach the cluster
-#: Ray's placement group states, in the words ``JobState`` uses
-_STATES = {"CREATED": "RUNNING", "PENDING": "PENDING", "RESCHEDULING": "PENDING",
+#: Ray's placement group states, in the words ``JobState`` uses (a group re-placing the bundles
+#: of a dead node still holds the others: it runs, and a relaunched agent waits for its bundle)
+_STATES = {"CREATED": "RUNNING", "PENDING": "PENDING", "RESCHEDULING": "RUNNING",
            "REMOVED": "REMOVED"}
 _WHY = {
     "INFEASIBLE": "no node of the cluster has a bundle's resources (an autoscaler may add one)",
@@ -124,6 +125,8 @@ class AgentProcess:
 
     def where(self, timeout: float) -> dict | None:
         """Where the actor runs (None if Ray has not placed it within ``timeout``)."""
+        if not self._ray.is_initialized():
+            return None
         ready, _ = self._ray.wait([self._where], timeout=timeout)
         if not ready:
             return None
@@ -141,15 +144,21 @@ class AgentProcess:
         if err:
             self._on_stderr(err)
 
+    def _gone(self) -> bool:
+        """The driver disconnected (the group was given back): the actor is gone too."""
+        if self.returncode is None and not self._ray.is_initialized():
+            self.returncode = -signal.SIGKILL
+        return self.returncode is not None
+
     def poll(self) -> int | None:
-        if self.returncode is None:
+        if not self._gone():
             ready, _ = self._ray.wait([self._ended], timeout=0)
             if ready:
                 self._settle()
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
-        if self.returncode is None:
+        if not self._gone():
             ready, _ = self._ray.wait([self._ended], timeout=timeout)
             if not ready:
                 raise subprocess.TimeoutExpired("nbdist.join (Ray actor)", timeout or 0)
@@ -164,6 +173,8 @@ class AgentProcess:
             pass
 
     def kill(self) -> None:
+        if not self._ray.is_initialized():
+            return
         try:
             self._ray.kill(self.actor, no_restart=True)
         except Exception:  # noqa: BLE001 - already gone
@@ -296,7 +307,9 @@ class RayPlacement:
                 for i in range(a.nodes)]
 
     def launcher(self) -> str:
-        return "ray"
+        """Not a template (``starter`` starts the agents): names this group, so that agents
+        kept from another group are never taken for its own."""
+        return f"ray placement group {self.job_id}"
 
     def node_of(self, host: str) -> dict | None:
         """The Ray node the bundle ``host`` is placed on now (``ray.nodes()``'s entry)."""

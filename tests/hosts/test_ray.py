@@ -135,6 +135,21 @@ def test_two_nodes_of_two_ranks_with_their_cpus_restart_in_the_group_and_give_it
     wait_until(lambda: _nothing_left(bed), GONE, "Ray to list nothing after release_hosts()")
 
 
+def test_new_options_on_a_restart_ask_for_a_new_group_and_none_gives_it_back(bed, released):
+    c = nbdist.start(0, ray=TWO_BY_TWO, quiet=True)
+    first = _group()
+    c = c.restart(ray="--nodes 1 --ranks-per-node 1 --cpus 1", quiet=True)
+    assert _group() != first and c.world_size == 2
+    assert c.run("import socket; socket.gethostname()", ranks=[1], show=False)[1].startswith(
+        "'nbray")
+    actors, groups = leftovers(bed.address)  # the first group and its actors are gone
+    assert len(groups) == 1 and groups[0]["id"].startswith(_group()), groups
+    assert len(actors) == 1, actors
+    c = c.restart(1, ray="none", quiet=True)  # back to this machine only
+    assert c.spec.ray is None and c.world_size == 2
+    wait_until(lambda: _nothing_left(bed), GONE, "Ray to list nothing after --ray none")
+
+
 def test_a_dead_node_is_named_in_rays_words_at_once_and_healed(bed, released, capfd):
     import torch.distributed.rpc as rpc
 
