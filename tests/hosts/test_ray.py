@@ -135,6 +135,24 @@ def test_two_nodes_of_two_ranks_with_their_cpus_restart_in_the_group_and_give_it
     wait_until(lambda: _nothing_left(bed), GONE, "Ray to list nothing after release_hosts()")
 
 
+def test_a_gloo_group_spans_the_notebook_and_the_bundles(bed, released):
+    import threading
+
+    import torch
+    import torch.distributed as dist
+
+    c = nbdist.start(0, ray="--nodes 2 --ranks-per-node 1 --cpus 1 --strategy PACK",
+                     process_group="gloo", quiet=True)
+    assert c.run("import torch.distributed as dist; (dist.get_world_size(), dist.get_backend())",
+                 ranks=[1, 2], show=False) == {1: "(3, 'gloo')", 2: "(3, 'gloo')"}
+    mine = torch.ones(1)
+    here = threading.Thread(target=dist.all_reduce, args=(mine,))  # rank 0's part
+    here.start()
+    got = c.run("import torch; t = torch.ones(1); dist.all_reduce(t); t.item()", show=False)
+    here.join(30)
+    assert got == {1: "3.0", 2: "3.0"} and mine.item() == 3.0
+
+
 def test_new_options_on_a_restart_ask_for_a_new_group_and_none_gives_it_back(bed, released):
     c = nbdist.start(0, ray=TWO_BY_TWO, quiet=True)
     first = _group()
