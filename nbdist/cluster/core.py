@@ -145,8 +145,12 @@ def restart(n: int | None = None, *, keep: bool = False, quiet: bool = False,
 def _drops_scheduler(changes: dict[str, Any]) -> bool:
     """Whether ``--slurm none`` or ``--ray none`` is among a restart's ``changes``: the
     allocation kept warm is given back (and its agents end) before the new world starts."""
-    return any(isinstance(changes.get(k), str) and changes[k].strip().lower() in ("", "none")
-               for k in ("slurm", "ray"))
+    return any(_is_none(changes.get(k)) for k in ("slurm", "ray"))
+
+
+def _is_none(value: Any) -> bool:
+    """``--slurm none`` / ``--ray none`` (or empty): back to no scheduler."""
+    return isinstance(value, str) and value.strip().lower() in ("", "none")
 
 
 def _refuse_a_second_world(handle: Cluster | None = None) -> None:
@@ -168,9 +172,8 @@ def _changed(spec: WorldSpec, n: int | None, changes: dict[str, Any]) -> WorldSp
         spec = replace(spec, slurm=None, ray=None)  # named hosts (or none) replace these
     for flag, given in (("slurm", slurm), ("ray", ray)):
         if given is not None:  # new options: a new allocation ("none": back to no hosts)
-            none = given.strip().lower() in ("", "none")
             spec = replace(spec, slurm=None, ray=None, hosts=())
-            spec = replace(spec, **{flag: None if none else given})
+            spec = replace(spec, **{flag: None if _is_none(given) else given})
     return spec.with_changes(n=n, **changes).validate()
 
 

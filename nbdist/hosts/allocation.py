@@ -85,7 +85,7 @@ def _pending_line(job: Allocation, state: JobState, waited: float) -> str:
 
 def _placed(spec: WorldSpec, job: Allocation) -> WorldSpec:
     hosts = tuple((s.host, s.ranks) for s in job.nodes())
-    iface = spec.iface or getattr(job, "local_address", lambda: None)()
+    iface = spec.iface or job.local_address()
     if not iface:
         default = netif.default_interface()
         if default is None:
@@ -152,7 +152,7 @@ def describe() -> str:
     left = f", {_clock(state.time_left)} left" if state.running and state.time_left else ""
     limit = f" (time limit {state.time_limit})" if state.time_limit else ""
     flag = "--ray" if job.what.startswith("Ray") else "--slurm"
-    where = getattr(job, "placed", lambda: "")()
+    where = job.placed()
     return (f"{job.what} {job.job_id}: {state.state}{left}{limit}{where}; "
             f"{flag} {job.options!r}")
 

@@ -107,6 +107,13 @@ class Allocation(Protocol):
         ``start(host, argv, request, on_stderr)`` returning a ``Popen``-like handle; None: the
         ``launcher`` template does."""
 
+    def local_address(self) -> str | None:
+        """This machine's address as the scheduler knows it (the agents reach the notebook
+        there); None: the default route's interface."""
+
+    def placed(self) -> str:
+        """What ``%dist_status --hosts`` adds about where each host runs ("" for nothing)."""
+
     def lost_why(self, host: str) -> str | None:
         """The scheduler's reason a host's agent was lost (a node it reports dead), asked
         for a moment; None when it has none."""

@@ -270,6 +270,12 @@ class SlurmJob:
     def starter(self) -> None:
         return None  # the launcher template (srun) starts the agents
 
+    def local_address(self) -> None:
+        return None  # the default route's interface, or --iface
+
+    def placed(self) -> str:
+        return ""  # the hosts are SLURM's node names already
+
     def lost_why(self, host: str) -> None:
         return None  # the job's end is asked for as a whole (``allocation.ended``)
 
