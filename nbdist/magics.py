@@ -82,6 +82,10 @@ def _start_args(f: Any) -> Any:
         argument("--aggregate", default=None, choices=["on", "off", "auto"],
                  help="a line printed by several ranks at once shows once, led by the ranks "
                       "([worker1-12] ...); auto (default): on from 8 workers"),
+        argument("--rpc-transport", default=None, choices=["auto", "shm", "tcp"],
+                 help="how torch RPC carries messages between this machine's ranks: shm "
+                      "(TensorPipe's shared memory), tcp (loopback), auto (default): shm up "
+                      "to 16 ranks, tcp above (a big world starts and costs less memory)"),
     ]):
         f = dec(f)
     return f
@@ -148,7 +152,8 @@ def _settings(args: Any) -> dict:
         "launcher": args.launcher, "remote_python": args.remote_python,
         "gpus": args.gpus, "device_maps": args.device_maps, "heal": args.heal,
         "rpc": args.rpc, "aggregate": _ON_OFF.get(args.aggregate, args.aggregate),
-        "slurm": args.slurm, "ray": args.ray, "tabs": args.tabs}.items()
+        "slurm": args.slurm, "ray": args.ray, "tabs": args.tabs,
+        "rpc_transport": args.rpc_transport}.items()
         if v is not None}
 
 

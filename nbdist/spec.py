@@ -14,11 +14,19 @@ __all__ = ["WorldSpec", "max_workers", "parse_hosts", "parse_ranks", "worker_nam
 
 _NAME = re.compile(r"^[A-Za-z0-9_:\-]{1,127}$")
 _HOST = re.compile(r"^[A-Za-z0-9_.@\-]{1,253}$")
-# A worker's own memory (private pages after the fork, RPC agent, threads), rounded up; the
-# measurement: bench/results/notes.md.
-WORKER_MB = 160
+# A worker's own memory (private pages after the fork, RPC agent, threads) with room for its
+# first cells; the measurement: bench/results/notes.md (an idle worker: 19 MB PSS).
+WORKER_MB = 48
 HARD_LIMIT = 256
 AGGREGATE_FROM = 8  # workers from which equal lines of many ranks are merged by default
+# Ranks up to which a world's RPC uses TensorPipe's shared-memory transport between local
+# ranks (torch's default); above it, TCP on loopback (``WorldSpec.tp_transports``). The shm
+# transport maps about 17 MB of ring buffers per peer in each process and its listener's
+# backlog of 128 overflows when a big world's ranks all connect to rank 0 at once (plain
+# torch's ``init_rpc`` fails at 64 ranks here); over TCP a peer costs under 0.5 MB and the
+# kernel's accept queue retries instead of failing. Measured: bench/results/scale.md.
+SHM_TRANSPORT_UP_TO = 16
+TRANSPORTS = ("auto", "shm", "tcp")
 
 
 def _available_mb() -> int:
@@ -59,6 +67,7 @@ class WorldSpec:
     slurm: str | None = None  # sbatch options: the hosts are the nodes of one allocation
     ray: str | None = None  # placement group options: the hosts are its bundles' nodes
     tabs: bool = False  # ``%%dist`` cells show a live tab per rank (``--tabs``)
+    rpc_transport: str = "auto"  # TensorPipe between local ranks: shm, tcp, auto (by size)
 
     def __post_init__(self) -> None:
         # ``worker_name=["ps", "trainer{rank}"]`` from Python is the list ``ps,trainer{rank}``
@@ -91,6 +100,9 @@ class WorldSpec:
             raise ValueError(f"rpc must be True or False, got {self.rpc!r}")
         if not isinstance(self.tabs, bool):
             raise ValueError(f"tabs must be True or False, got {self.tabs!r}")
+        if self.rpc_transport not in TRANSPORTS:
+            raise ValueError(f"--rpc-transport takes auto, shm or tcp, got "
+                             f"{self.rpc_transport!r}")
         if self.aggregate not in (True, False, "auto"):
             raise ValueError(f"aggregate must be True, False or 'auto' (`--aggregate "
                              f"on|off|auto`), got {self.aggregate!r}")
@@ -188,6 +200,16 @@ class WorldSpec:
         if env in ("0", "off", "false", "no"):
             return False
         return self.world_size - 1 >= AGGREGATE_FROM
+
+    def tp_transports(self) -> list[str] | None:
+        """TensorPipe's transports for this world's RPC (the same on every rank): None for
+        torch's own choice (shared memory between local ranks, TCP between hosts), or
+        ``["uv"]`` (TCP only) with ``--rpc-transport tcp``, and with "auto" for a world of
+        more than ``SHM_TRANSPORT_UP_TO`` ranks."""
+        if self.rpc_transport == "tcp" or (self.rpc_transport == "auto"
+                                           and self.world_size > SHM_TRANSPORT_UP_TO):
+            return ["uv"]
+        return None
 
     def thread_count(self) -> int:
         if self.threads is not None:

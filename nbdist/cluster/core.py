@@ -58,7 +58,8 @@ def start(n: int, *, name: str = "worker0", worker_name: str = "worker{rank}",
           remote_python: str | None = None, gpus: str = "auto",
           device_maps: str | None = None, heal: bool = False, rpc: bool = True,
           aggregate: bool | str = "auto", slurm: str | None = None,
-          tabs: bool = False, quiet: bool = False, ray: str | None = None) -> Cluster:
+          tabs: bool = False, quiet: bool = False, ray: str | None = None,
+          rpc_transport: str = "auto") -> Cluster:
     """Start ``n`` worker ranks and make this process rank 0 of their RPC world.
 
     ``rpc=False`` (``--no-rpc``): no torch RPC agent on any rank, a process group instead
@@ -82,6 +83,9 @@ def start(n: int, *, name: str = "worker0", worker_name: str = "worker{rank}",
     cluster this process sees, one bundle per node, its bundles the hosts, kept across
     restarts until ``release_hosts()`` (docs/guide/machines.md, "Nodes from Ray").
     ``tabs``: ``%%dist`` cells show a live tab per rank (docs/guide/output.md).
+    ``rpc_transport`` (``"auto"``, ``"shm"``, ``"tcp"``): how torch RPC's TensorPipe carries
+    messages between this machine's ranks; "auto" is shared memory up to 16 ranks and TCP on
+    loopback above (docs/guide/big-worlds.md).
     The start line's "ready in" counts from this call.
     """
     since = time.monotonic()
@@ -93,7 +97,8 @@ def start(n: int, *, name: str = "worker0", worker_name: str = "worker{rank}",
                      start_timeout, hosts=parse_hosts(hosts, enclosing_hosts), iface=iface,
                      launcher=launcher, remote_python=remote_python, gpus=gpus,
                      device_maps=device_maps, heal=heal, rpc=rpc,
-                     aggregate=aggregate, slurm=slurm, tabs=tabs, ray=ray).validate()
+                     aggregate=aggregate, slurm=slurm, tabs=tabs, ray=ray,
+                     rpc_transport=rpc_transport).validate()
     _refuse_a_second_world()
     return _start_new(spec, quiet, since=since)
 

@@ -99,7 +99,7 @@ def worker_config(spec: WorldSpec, names: list[str], rank: int, world_dir: str,
         arrivals=None if store else arrival_file(world_dir, epoch), arrived=ARRIVED,
         shm=shm.world_config(spec.placement(), names, rank) if spec.rpc else None,
         user_groups=None if store else user_group_file(world_dir, epoch),
-        launch_env=launch_env,
+        launch_env=launch_env, tp_transports=spec.tp_transports(),
     )
 
 

@@ -129,7 +129,7 @@ def join(cfg: RankConfig, steps: Steps) -> None:
     init_method, timeout, threads = steps.rpc_options()
     with steps.torch_calls():
         join_rpc(cfg.name, cfg.rank, cfg.world_size, init_method, timeout, cfg.device_maps,
-                 threads=threads, run=steps.run)
+                 threads=threads, run=steps.run, transports=cfg.tp_transports)
         steps.after_rpc()
         rpc_joined(cfg.shm)
         if cfg.process_group:
@@ -159,11 +159,15 @@ def install_rpc_patches(after_call: Callable[[], None] | None = None) -> None:
 
 
 def join_rpc(name: str, rank: int, world_size: int, init_method: str, timeout: float,
-             device_maps: dict | None, threads: int | None, run: Runner) -> None:
-    """``init_rpc`` as ``name``; ``threads``: TensorPipe's worker threads (None: torch's)."""
+             device_maps: dict | None, threads: int | None, run: Runner,
+             transports: list[str] | None = None) -> None:
+    """``init_rpc`` as ``name``; ``threads``: TensorPipe's worker threads, ``transports``
+    its transports (None: torch's own; ``spec.WorldSpec.tp_transports``)."""
     import torch.distributed.rpc as rpc
 
-    more = {} if threads is None else {"num_worker_threads": threads}
+    more: dict[str, Any] = {} if threads is None else {"num_worker_threads": threads}
+    if transports is not None:
+        more["_transports"] = transports
     opts = rpc.TensorPipeRpcBackendOptions(init_method=init_method, rpc_timeout=timeout,
                                            device_maps=device_maps or None, **more)
     init_rpc = getattr(rpc.init_rpc, "__nbdist_wrapped__", rpc.init_rpc)  # torch's own

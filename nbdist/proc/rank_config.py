@@ -56,6 +56,7 @@ class RankConfig:
     user_groups: str | None  # a local world: the store of user code's groups
     launch_env: dict[str, str]  # torchrun's variables for this world
     affinity: list[int] | None = None  # its CPUs, set by a host's agent
+    tp_transports: list[str] | None = None  # TensorPipe's transports (None: torch's own)
 
     def adapted(self, **changes: Any) -> RankConfig:
         """This config with ``changes`` (a host's agent makes it right for its host)."""

@@ -1,0 +1,87 @@
+"""Big worlds on one machine (issue 52): a world of any size the machine holds starts, where
+plain torch's ``init_rpc`` fails at 64 ranks (its shared-memory transport's listener backlog
+overflows as every rank connects to rank 0 at once), and rank 0 pays well under a MB per rank.
+
+Which transport a world's RPC uses is read from this process's own sockets: TensorPipe's
+shared-memory transport connects over abstract unix sockets, its TCP transport does not."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from nbdist.spec import SHM_TRANSPORT_UP_TO, WorldSpec
+
+
+def _abstract_unix_sockets(pid: int | str = "self") -> int:
+    """How many of ``pid``'s open sockets are abstract unix sockets (``@name``)."""
+    abstract = set()
+    with open("/proc/net/unix") as f:
+        next(f)
+        for line in f:
+            parts = line.split()
+            if len(parts) >= 8 and parts[7].startswith("@"):
+                abstract.add(parts[6])
+    mine = 0
+    fd_dir = f"/proc/{pid}/fd"
+    for fd in os.listdir(fd_dir):
+        try:
+            target = os.readlink(os.path.join(fd_dir, fd))
+        except OSError:
+            continue
+        if target.startswith("socket:[") and target[8:-1] in abstract:
+            mine += 1
+    return mine
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS in /proc/self/status")
+
+
+@pytest.mark.parametrize("n, transport, want", [
+    (3, "auto", None), (SHM_TRANSPORT_UP_TO - 1, "auto", None),
+    (SHM_TRANSPORT_UP_TO, "auto", ["uv"]), (255, "auto", ["uv"]),
+    (3, "tcp", ["uv"]), (255, "shm", None),
+])
+def test_transport_follows_the_world_size_unless_asked(n, transport, want):
+    spec = WorldSpec(n, rpc_transport=transport).validate()
+    assert spec.tp_transports() == want
+
+
+def test_a_bad_transport_says_which_ones_exist():
+    with pytest.raises(ValueError, match="--rpc-transport takes auto, shm or tcp"):
+        WorldSpec(2, rpc_transport="rdma").validate()
+
+
+def test_a_small_world_keeps_shared_memory_and_a_big_one_uses_tcp(world):
+    import torch.distributed.rpc as rpc
+
+    c = world(2)
+    c[:].call(os.getpid)
+    assert _abstract_unix_sockets() > 0, "a 3-rank world should use TensorPipe's shm transport"
+    c.stop()
+    c = world(SHM_TRANSPORT_UP_TO, rpc_transport="auto")
+    assert rpc.rpc_sync(c.names[-1], os.getpid) == c.ranks[SHM_TRANSPORT_UP_TO].pid
+    c[:].call(os.getpid)
+    assert _abstract_unix_sockets() == 0, "a big world's RPC should not use shared memory"
+
+
+@pytest.mark.slow
+def test_128_ranks_start_run_a_cell_answer_a_view_and_stop(world):
+    """128 ranks (plain torch's init_rpc fails from 64 here): up, a cell on every worker, a
+    view call, and rank 0's memory grew by well under a MB per rank (torch's shared-memory
+    transport costs about 17 MB per peer); the leak guard checks nothing is left."""
+    before = _rss_mb()
+    c = world(127, start_timeout=240)
+    result = c.run("import os\nos.getpid()", show=False)
+    pids = c[:].call(os.getpid)
+    want = {r: c.ranks[r].pid for r in range(1, 128)}
+    assert {r: int(v) for r, v in result.items()} == want
+    assert dict(pids) == want
+    grown = _rss_mb() - before
+    assert grown < 127 * 1.0, f"rank 0 grew {grown:.0f} MB for 127 peers"
