@@ -106,6 +106,7 @@ bench: $(STAMP)
 	NBDIST_BENCH_PEER_PATH=.bench-peer $(BIN)/python bench/startup/first_minute.py
 	$(BIN)/python bench/lifecycle/fail_fast.py
 	$(BIN)/python bench/lifecycle/lifecycle_stress.py
+	$(BIN)/python bench/scale/scale.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check nbdist tests bench docs

@@ -54,6 +54,7 @@ SCRIPTS = {
     "startup/first_minute.py": ["first_minute.json", "first_minute.md"],
     "lifecycle/fail_fast.py": ["fail_fast.json", "fail_fast.md"],
     "lifecycle/lifecycle_stress.py": ["lifecycle_stress.json", "lifecycle_stress.md"],
+    "scale/scale.py": ["scale.json", "scale.md", "scale.png"],
 }
 #: Results other ``make`` targets write: target -> its results files (each named in its
 #: recipe without the suffix). The conformance suite is not a bench script: it runs torch's
@@ -63,7 +64,8 @@ OTHER_TARGETS = {"conformance-torch": ["torch_rpc_world.json", "torch_rpc_world.
 #: Not run by the smoke test: the same code as another entry, one switch apart.
 SAME_AS = {"rpc/rpc.py --unpinned": "rpc/rpc.py"}
 #: Scripts with a ``__main__`` that other scripts run as their child processes.
-HELPERS = {"startup/_startup_child.py", "_rpc_plain.py", "rpc/_raw_rpc.py"}
+HELPERS = {"startup/_startup_child.py", "_rpc_plain.py", "rpc/_raw_rpc.py",
+           "scale/_scale_child.py"}
 #: Results files kept by hand, not written by a script: notes.md holds the measurements and
 #: history that module docstrings used to carry, under a heading per module.
 HAND_KEPT = {"notes.md"}
