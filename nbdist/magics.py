@@ -49,7 +49,8 @@ def _start_args(f: Any) -> Any:
                       "instead; cells, --local SPMD, output, status and restart work as "
                       "usual (restart: --rpc brings RPC back)"),
         argument("--start-timeout", type=float, default=None,
-                 help="give up starting after this many seconds (default 60)"),
+                 help="give up starting after this many seconds (default 60, and 2 s more a "
+                      "rank per core for a big world: 256 ranks on 2 cores get 316)"),
         argument("--hosts", default=None,
                  help="ranks on other machines after the local ones: HOST:K[,HOST:K...], or "
                       "slurm[:K] for the current SLURM allocation (restart: none drops them)"),

@@ -27,6 +27,11 @@ AGGREGATE_FROM = 8  # workers from which equal lines of many ranks are merged by
 # kernel's accept queue retries instead of failing. Measured: bench/results/scale.md.
 SHM_TRANSPORT_UP_TO = 16
 TRANSPORTS = ("auto", "shm", "tcp")
+# A start's deadline unless --start-timeout gives one: a base, and per rank what a rank's
+# start costs on one core of an oversubscribed machine with room to spare (about 0.15 s of
+# CPU a rank at 128 ranks, bench/results/scale.md), shared by this machine's cores.
+START_SECONDS = 60.0
+START_SECONDS_PER_RANK_CORE = 2.0
 
 
 def _available_mb() -> int:
@@ -53,7 +58,7 @@ class WorldSpec:
     threads: int | None = None
     rpc_timeout: float = 60.0
     process_group: str | None = None
-    start_timeout: float = 60.0
+    start_timeout: float | None = None  # seconds; None: ``start_seconds`` sizes it
     env: dict = field(default_factory=dict, compare=False)
     hosts: tuple = ()  # ((host, ranks), ...): ranks after the local ones, in this order
     iface: str | None = None  # the notebook's interface or address that the hosts reach
@@ -93,6 +98,10 @@ class WorldSpec:
                 f"(hard limit {HARD_LIMIT}). Ask for fewer, e.g. `%dist_start {min(limit, 4)}`")
         if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
             raise ValueError(f"--threads must be a positive whole number, got {self.threads!r}")
+        if self.start_timeout is not None and (isinstance(self.start_timeout, bool) or not (
+                isinstance(self.start_timeout, (int, float)) and self.start_timeout > 0)):
+            raise ValueError(f"--start-timeout must be a positive number of seconds, "
+                             f"got {self.start_timeout!r}")
         if not self.rpc_timeout > 0:
             raise ValueError(f"--rpc-timeout must be a positive number of seconds, "
                              f"got {self.rpc_timeout!r}")
@@ -200,6 +209,15 @@ class WorldSpec:
         if env in ("0", "off", "false", "no"):
             return False
         return self.world_size - 1 >= AGGREGATE_FROM
+
+    def start_seconds(self) -> float:
+        """How long a start may take before it fails naming the ranks it waited for:
+        ``start_timeout``, else ``START_SECONDS`` plus ``START_SECONDS_PER_RANK_CORE`` a
+        rank over this machine's cores (60 s for a few ranks; 256 ranks on 2 cores: 316 s)."""
+        if self.start_timeout is not None:
+            return float(self.start_timeout)
+        cores = max(os.cpu_count() or 1, 1)
+        return START_SECONDS + START_SECONDS_PER_RANK_CORE * self.world_size / cores
 
     def tp_transports(self) -> list[str] | None:
         """TensorPipe's transports for this world's RPC (the same on every rank): None for

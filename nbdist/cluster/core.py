@@ -53,7 +53,7 @@ def last_spec() -> WorldSpec | None:
 
 def start(n: int, *, name: str = "worker0", worker_name: str = "worker{rank}",
           threads: int | None = None, rpc_timeout: float = 60.0,
-          process_group: str | None = None, start_timeout: float = 60.0,
+          process_group: str | None = None, start_timeout: float | None = None,
           hosts: Any = None, iface: str | None = None, launcher: str = "ssh",
           remote_python: str | None = None, gpus: str = "auto",
           device_maps: str | None = None, heal: bool = False, rpc: bool = True,
@@ -437,7 +437,7 @@ class Cluster:
             raise ClusterStateError(f"cannot {doing}: this handle's world was stopped; the "
                                     "running one is `nbdist.current()`")
         if not self._settled.is_set():  # --heal is rebuilding the world: wait for it
-            self._settled.wait(self.spec.start_timeout + 5.0)
+            self._settled.wait(self.spec.start_seconds() + 5.0)
         self.state.require(ClusterState.RUNNING, doing=doing)
 
     # ------------------------------------------------------------------ stop / restart
@@ -473,7 +473,7 @@ class Cluster:
     def _owning(self, doing: str, timeout: float | None = None) -> Iterator[None]:
         """Hold the lifecycle lock; a rebuild that holds it ends by its own start deadline
         (sooner once called off), so waiting longer than that is a bug, said as one."""
-        timeout = self.spec.start_timeout + 5.0 if timeout is None else timeout
+        timeout = self.spec.start_seconds() + 5.0 if timeout is None else timeout
         if not self._lifecycle.acquire(timeout=timeout):
             raise DistTimeoutError(f"cannot {doing}: timed out after {timeout:g}s waiting for "
                                    f"rank 0's {self.state.value} of this world to end")

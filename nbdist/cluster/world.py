@@ -113,7 +113,7 @@ class World:
         self.state = ClusterState.STARTING
         t0 = time.monotonic()
         spec = self.spec
-        watch = StartWatch(self.ranks, t0 + spec.start_timeout, spec.start_timeout, self.cv)
+        watch = StartWatch(self.ranks, t0 + spec.start_seconds(), spec.start_seconds(), self.cv)
         template = self._warm_template(quiet, keeping=False)
         self.why_no_rpc = self._choose_rpc()
         try:
@@ -170,7 +170,7 @@ class World:
                     self.ranks[r].device = gpu.device(r)
                 self.ranks[0].name = names[0]
             self.receiver.poke()
-            watch = StartWatch(self.ranks, t0 + spec.start_timeout, spec.start_timeout, self.cv,
+            watch = StartWatch(self.ranks, t0 + spec.start_seconds(), spec.start_seconds(), self.cv,
                                cancelled)
             if cancelled is not None and cancelled():
                 raise Cancelled(cancelled())
@@ -213,7 +213,7 @@ class World:
             self.listener = Listener((iface.address, 0), self.key)
             from ..proc.store import MemoryStore, StoreServer
 
-            self.store = StoreServer(MemoryStore(spec.start_timeout), (iface.address, 0),
+            self.store = StoreServer(MemoryStore(spec.start_seconds()), (iface.address, 0),
                                      self.key)
             store_address = self.store.address
         else:

@@ -59,7 +59,7 @@ def provide(spec: WorldSpec, quiet: bool = False) -> WorldSpec:
     status = StatusLine()
     try:
         job.request()
-        job.wait(time.monotonic() + spec.start_timeout,
+        job.wait(time.monotonic() + spec.start_seconds(),
                  lambda st, waited: status.show(_pending_line(job, st, waited)))
         job.nodes()
     except BaseException:

@@ -53,6 +53,15 @@ def test_transport_follows_the_world_size_unless_asked(n, transport, want):
     assert spec.tp_transports() == want
 
 
+def test_the_start_deadline_grows_with_the_world_unless_given(monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert WorldSpec(3).validate().start_seconds() == 64.0
+    assert WorldSpec(255).validate().start_seconds() == 316.0
+    assert WorldSpec(255, start_timeout=30).validate().start_seconds() == 30.0
+    with pytest.raises(ValueError, match="--start-timeout must be a positive number"):
+        WorldSpec(2, start_timeout=0).validate()
+
+
 def test_a_bad_transport_says_which_ones_exist():
     with pytest.raises(ValueError, match="--rpc-transport takes auto, shm or tcp"):
         WorldSpec(2, rpc_transport="rdma").validate()
