@@ -3,7 +3,8 @@
 ``python _scale_child.py plain N TRANSPORTS``: plain torch, no nbdist: this process imports
 torch, forks N-1 children, and every process calls ``init_rpc`` (``file://`` rendezvous, as
 nbdist's local worlds); TRANSPORTS is ``default`` (torch's own choice) or ``uv`` (TCP only).
-Reports rank 0's ``init_rpc`` seconds, an ``rpc_async`` answered by every rank, rank 0's RSS
+Reports the seconds from the first fork until rank 0's ``init_rpc`` returned and until an
+``rpc_async`` was answered by every rank, rank 0's RSS
 growth and the children's PSS, or the failure (rank 0's error, how many children failed).
 
 ``python _scale_child.py nbdist N [HOSTS PER_HOST]``: ``nbdist.start(N - 1)`` (or, with HOSTS,
@@ -77,6 +78,8 @@ def plain(n: int, transports: str) -> dict[str, Any]:
         return rpc.TensorPipeRpcBackendOptions(init_method=init, rpc_timeout=120, **more)
 
     read_end, write_end = os.pipe()
+    before = _rss_mb()
+    t0 = time.perf_counter()  # the forks count, as nbdist's start counts its own
     children = []
     for rank in range(1, n):
         pid = os.fork()
@@ -92,9 +95,7 @@ def plain(n: int, transports: str) -> dict[str, Any]:
             os._exit(code)
         children.append(pid)
     os.close(read_end)
-    before = _rss_mb()
     out: dict[str, Any] = {"n": n, "who": f"plain torch ({transports})"}
-    t0 = time.perf_counter()
     try:
         rpc.init_rpc("w0", rank=0, world_size=n, rpc_backend_options=options())
         out["start_s"] = round(time.perf_counter() - t0, 3)

@@ -252,6 +252,11 @@ def _socket_for(address: Address) -> socket.socket:
     return sock
 
 
+#: Connections waiting to be accepted: every rank of a big world connects at once, and a unix
+#: socket refuses past its backlog (the kernel caps it at ``net.core.somaxconn``).
+_BACKLOG = 4096
+
+
 class Listener:
     """Accepts mutually authenticated control connections on a unix socket path, or on one
     address's TCP port (``(address, 0)`` picks a free one; never bind ``0.0.0.0``)."""
@@ -268,7 +273,7 @@ class Listener:
                 raise ValueError("a control listener binds one address, not every interface")
             self.sock.bind(address)
             self.path = self.sock.getsockname()[:2]
-        self.sock.listen(256)
+        self.sock.listen(_BACKLOG)
         self.rejected: list[str] = []  # why each refused peer was refused
 
     def accept(self, timeout: float, handshake_timeout: float = 2.0,
@@ -331,8 +336,8 @@ def connect(path: Address, authkey: bytes, timeout: float = 10.0, name: str = "n
                                      "world's key")
             sock.settimeout(None)
             return Channel(sock, threaded=threaded, name=name)
-        except (FileNotFoundError, ConnectionRefusedError):
-            sock.close()
+        except (FileNotFoundError, ConnectionRefusedError, BlockingIOError):
+            sock.close()  # not listening yet, or its backlog full: try again
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.01)
