@@ -517,9 +517,9 @@ def _merge_note(spec: WorldSpec) -> str:
 
 
 def _names(names: list[str]) -> str:
-    """The start line's ranks: ``0=agent, 1=worker1, ...``; past ``SMALL`` ranks written
+    """The start line's ranks: ``0=agent, 1=worker1, ...``; past ``SMALL`` workers written
     compactly (``ranks 0-255: agent,worker1-255``)."""
-    if len(names) <= SMALL:
+    if len(names) - 1 <= SMALL:
         return ", ".join(f"{r}={nm}" for r, nm in enumerate(names))
     return f"ranks {spans(range(len(names)))}: {rank_set(names)}"
 

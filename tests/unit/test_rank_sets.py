@@ -39,8 +39,9 @@ def test_grouped_keeps_the_order_each_key_first_came():
 
 
 def test_the_start_line_lists_a_small_world_and_writes_a_big_one_compactly():
-    small = ["agent", *(f"obs{r}" for r in range(1, SMALL))]
-    assert _names(small).startswith("0=agent, 1=obs1, 2=obs2") and len(small) == SMALL
+    small = ["agent", *(f"obs{r}" for r in range(1, SMALL + 1))]  # %dist_start 16
+    assert _names(small).startswith("0=agent, 1=obs1, 2=obs2") and f"{SMALL}=obs" in _names(small)
+    assert _names([*small, "obs17"]) == "ranks 0-17: agent,obs1-17"
     big = ["agent", *(f"worker{r}" for r in range(1, 256))]
     assert _names(big) == "ranks 0-255: agent,worker1-255"
     odd = [*big[:100], "ps", *big[101:]]  # rank 100 has a name of its own
