@@ -20,7 +20,7 @@ import traceback
 from dataclasses import dataclass
 
 from . import tracebacks
-from .rank_sets import SMALL, grouped, named, rank_set
+from .rank_sets import SMALL, grouped, labels, named, rank_set
 
 #: The exceptions user code may catch; the package exports them at its top (``nbdist.X``).
 RAISED = ("CellInterrupted", "ClusterStateError", "DistCallError", "DistCellError",
@@ -111,7 +111,7 @@ def ranks_named(failures: list[RankFailure]) -> str:
     """``rank 2 (worker2)``, ``ranks 1 (worker1), 3 (worker3)``; past ``SMALL`` ranks
     ``255 ranks 1-255 (worker1-255)``."""
     if len(failures) > SMALL:
-        return f"{len(failures)} {_named(failures)}"
+        return labels((f.rank, f.name) for f in failures)
     s = "s" if len(failures) > 1 else ""
     return f"rank{s} " + ", ".join(f"{f.rank} ({f.name})" for f in failures)
 

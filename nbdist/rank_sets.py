@@ -2,7 +2,8 @@
 ``worker1-255``, ``ps,trainer2-12``, ``obs1-3,5,learner4``. Pure: strings and ints only.
 
 ``rank_set`` writes names (``worker{rank}``, ``obs{rank}``, ...), ``spans`` rank numbers,
-``named`` both;
+``named`` both; ``numbers`` and ``labels`` list ranks one by one up to ``SMALL`` of them, as
+small worlds always showed them, and compactly past it;
 ``grouped`` puts items that are alike together in the order they first came. ``SMALL`` is
 the size up to which displays keep listing ranks one by one.
 """
@@ -13,7 +14,7 @@ import re
 from collections.abc import Callable, Hashable, Iterable
 from typing import TypeVar
 
-__all__ = ["SMALL", "grouped", "named", "rank_set", "spans"]
+__all__ = ["SMALL", "grouped", "labels", "named", "numbers", "rank_set", "spans"]
 
 #: Up to this many ranks a display lists them one by one; past it, it groups them.
 SMALL = 16
@@ -73,6 +74,21 @@ def named(ranks: Iterable[tuple[int, str]]) -> str:
     if len(ordered) == 1:
         return f"rank {ordered[0][0]} ({ordered[0][1]})"
     return f"ranks {spans(r for r, _ in ordered)} ({rank_set(n for _, n in ordered)})"
+
+
+def numbers(ranks: Iterable[int], small: int = SMALL) -> str:
+    """``1, 3, 4`` up to ``small`` ranks; past it ``spans`` (``1-255``)."""
+    ordered = sorted(ranks)
+    return ", ".join(map(str, ordered)) if len(ordered) <= small else spans(ordered)
+
+
+def labels(ranks: Iterable[tuple[int, str]], small: int = SMALL) -> str:
+    """``rank 1 (worker1), rank 3 (worker3)`` up to ``small`` ranks; past it their count and
+    ``named``: ``255 ranks 1-255 (worker1-255)``."""
+    pairs = list(ranks)
+    if len(pairs) <= small:
+        return ", ".join(f"rank {r} ({n})" for r, n in pairs)
+    return f"{len(pairs)} {named(pairs)}"
 
 
 def grouped(items: Iterable[T], key: Callable[[T], K]) -> list[tuple[K, list[T]]]:

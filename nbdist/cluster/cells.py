@@ -21,7 +21,7 @@ from ..errors import (
 )
 from ..output.rich_output import RichOutput
 from ..output.router import Router, StatusLine
-from ..rank_sets import SMALL, grouped, named, rank_set
+from ..rank_sets import SMALL, grouped, labels, named, rank_set
 from .hints import where_defined
 from .rank_table import RankInfo
 
@@ -232,7 +232,9 @@ class Cells:
                         got.sent = dict(self._sent.get(exec_id, {}))
                         got.finished = dict(self._finished.get(exec_id, {}))
                         return got
-                    who = ", ".join(self.ranks[r].label() for r in pending)
+                    who = ", ".join(self.ranks[r].label() for r in pending) \
+                        if len(pending) <= SMALL else \
+                        labels((r, self.ranks[r].name) for r in pending)
                     raise DistTimeoutError(f"timed out waiting for {who} to finish the cell; "
                                            "they were interrupted")
                 self.cv.wait(0.05)

@@ -22,6 +22,7 @@ from ..errors import DistCallError, RankFailure, WorkerDiedError, ranks_named, s
 from ..patches import no_rpc
 from ..patches.rpc_hooks import wait_future
 from ..proc.namespace import apply_each, assign, read
+from ..rank_sets import SMALL, rank_set
 from ..spec import parse_ranks
 from .rank_table import ClusterState
 
@@ -312,7 +313,7 @@ class View:
 
     # ------------------------------------------------------------------ sending
     def _label(self) -> str:
-        return ", ".join(self.names)
+        return ", ".join(self.names) if len(self.names) <= SMALL else rank_set(self.names)
 
     def _send(self, what: str, calls: dict[int, tuple]) -> CallFuture:
         """One ``rpc_async`` per rank, all sent before any is waited for."""

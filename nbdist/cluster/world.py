@@ -36,7 +36,7 @@ from ..patches import no_rpc, rpc_hooks
 from ..proc import cuda, nccl
 from ..proc.rank_config import RankConfig, world_group
 from ..proc.runtime import pid_alive
-from ..rank_sets import SMALL, rank_set, spans
+from ..rank_sets import SMALL, numbers, rank_set, spans
 from ..spec import WorldSpec
 from ..telemetry import records, tracing
 from .cells import Cells
@@ -525,7 +525,7 @@ def _names(names: list[str]) -> str:
 
 
 def _ranks(ranks: list[int]) -> str:
-    return f"rank{'s' if len(ranks) > 1 else ''} {spans(ranks)}"
+    return f"rank{'s' if len(ranks) > 1 else ''} {numbers(ranks)}"
 
 
 def _without_rpc(why: str, backend: str | None) -> str:

@@ -166,7 +166,9 @@ def draw_metric(ax: Any, curves: dict[int, tuple[Sequence, Sequence]], key: str,
         _empty(ax, f"no '{key}' logged yet")
         return
     if len(curves) > band_above:
-        _draw_band(ax, curves, names, window)
+        means = {r: curve_points(c, window)[2:] for r, c in curves.items()}
+        _draw_band(ax, means, name=lambda r: names.get(r, f"rank{r}"),
+                   label=lambda r: _label(r, names))
     for rank in sorted(curves) if len(curves) <= band_above else ():
         xs, ys, xm, ym = curve_points(curves[rank], window)
         if len(ys) == 0:
@@ -181,22 +183,18 @@ def draw_metric(ax: Any, curves: dict[int, tuple[Sequence, Sequence]], key: str,
               title=f"mean of {window}" if window > 1 else None, title_fontsize=7)
 
 
-def _draw_band(ax: Any, curves: dict[int, tuple[Sequence, Sequence]], names: dict[int, str],
-               window: int) -> None:
-    """The band of the ranks' running means, its median bold, each stray rank its own line."""
-    means = {}
-    for rank, curve in curves.items():
-        _, _, xm, ym = curve_points(curve, window)
-        means[rank] = (xm, ym)
-    b = bands.band(means)
-    who = rank_set(names.get(r, f"rank{r}") for r in b.ranks)
+def _draw_band(ax: Any, curves: dict[Any, tuple[Sequence, Sequence]], what: str = "ranks",
+               name: Any = str, label: Any = str) -> None:
+    """The band of ``curves`` (``{key: (x, y)}``) with its median bold, over the keys'
+    ``name`` s; each stray its own line, ``label(key)``."""
+    b = bands.band(curves)
     ax.fill_between(b.steps, b.lo, b.hi, color=_PALETTE[0], alpha=0.2, lw=0,
-                    label=f"min-max of {len(b.ranks)} ranks")
-    ax.plot(b.steps, b.mid, color=_PALETTE[0], lw=1.8, label=f"median of {who}")
-    for i, rank in enumerate(b.strays):
-        xm, ym = means[rank]
-        ax.plot(xm, ym, color=_PALETTE[(i + 3) % len(_PALETTE)], lw=1.2,
-                label=_label(rank, names))
+                    label=f"min-max of {len(b.ranks)} {what}")
+    ax.plot(b.steps, b.mid, color=_PALETTE[0], lw=1.8,
+            label=f"median of {rank_set(map(name, b.ranks))}")
+    for i, key in enumerate(b.strays):
+        ax.plot(*curves[key], color=_PALETTE[(i + 3) % len(_PALETTE)], lw=1.2,
+                label=label(key))
 
 
 def latency_over_time(samples: Sequence[tuple], bucket: float | None = None,
@@ -255,7 +253,11 @@ def draw_latency(ax_lat: Any, ax_rate: Any, samples: Sequence[tuple],
         _empty(ax_lat, "no RPCs traced yet")
         _empty(ax_rate, "no RPCs traced yet")
         return
-    for dest, d in per.items():
+    if len(per) > BAND_ABOVE:
+        ax_lat.set_title(f"RPC p50 latency, {len(per)} destinations", fontsize=10, loc="left")
+        _draw_band(ax_lat, {d: (v["t"], v["p50"]) for d, v in per.items()}, "destinations")
+        _draw_band(ax_rate, {d: (v["t"], v["rate"]) for d, v in per.items()}, "destinations")
+    for dest, d in per.items() if len(per) <= BAND_ABOVE else ():
         color = _dest_color(dest, names)
         ax_lat.plot(d["t"], d["p50"], color=color, lw=1.6, marker=".", ms=3, label=dest)
         ax_lat.plot(d["t"], d["p95"], color=color, lw=1.0, ls="--")

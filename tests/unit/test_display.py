@@ -277,3 +277,14 @@ def test_status_of_256_ranks_is_a_bar_per_group_odd_ones_first():
     page = render.status_html(rows)
     assert page.count("<tr") == 4 and "worker1-8,10-255" in page and "color:#b00" in page
     assert len(render.status_lines(rows[:17])) == 17  # 16 workers: a bar each, as before
+
+
+def test_rpc_panels_past_the_threshold_are_bands_naming_the_slow_destination():
+    samples = [(100.0 + i / 10, "agent", f"worker{d}", "step", 0.050 if d == 30 else 0.001, 8)
+               for d in range(1, 65) for i in range(40)]
+    fig = render.latency_figure(render.Snapshot(samples=sorted(samples)))
+    ax_lat, ax_rate = fig.axes
+    assert ax_lat.get_title(loc="left") == "RPC p50 latency, 64 destinations"
+    labels = [t.get_text() for t in ax_lat.get_legend().get_texts()]
+    assert labels == ["min-max of 64 destinations", "median of worker1-64", "worker30"]
+    assert len(ax_lat.lines) == 2 and len(ax_rate.collections) == 1

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from nbdist.cluster.core import _fresh
 from nbdist.cluster.world import _names
 from nbdist.errors import DistCellError, RankFailure, failure_groups, ranks_named
-from nbdist.rank_sets import SMALL, grouped, named, rank_set, spans
+from nbdist.rank_sets import SMALL, grouped, labels, named, numbers, rank_set, spans
 
 
 @pytest.mark.parametrize("names, text", [
@@ -31,6 +32,15 @@ def test_spans_and_named_pairs():
     assert named([(2, "obs2")]) == "rank 2 (obs2)"
     assert named([(5, "obs5"), (1, "obs1"), (2, "obs2"), (3, "obs3")]) == \
         "ranks 1-3,5 (obs1-3,5)"
+
+
+def test_small_sets_are_listed_one_by_one_as_before_and_big_ones_compactly():
+    assert numbers([4, 1, 3]) == "1, 3, 4" and numbers(range(1, 256)) == "1-255"
+    assert labels([(1, "w1"), (3, "w3")]) == "rank 1 (w1), rank 3 (w3)"
+    assert labels((r, f"w{r}") for r in range(1, 256)) == "255 ranks 1-255 (w1-255)"
+    assert _fresh([(2, "killed by SIGKILL"), (5, "new")]) == "2 (killed by SIGKILL), 5 (new)"
+    grown = [(2, "killed by SIGKILL"), *((r, "new") for r in range(5, 256))]
+    assert _fresh(grown) == "2 (killed by SIGKILL), 5-255 (new)"
 
 
 def test_grouped_keeps_the_order_each_key_first_came():
