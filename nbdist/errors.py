@@ -120,6 +120,14 @@ def _named(group: list[RankFailure]) -> str:
     return named((f.rank, f.name) for f in group)
 
 
+def _blocks(failures: list[RankFailure]) -> list[str]:
+    """A block per kind of failure: a blank line, its ranks, the first one's traceback."""
+    lines: list[str] = []
+    for group in failure_groups(failures):
+        lines += ["", f"--- {_named(group)} ---", *group[0].traceback.rstrip("\n").splitlines()]
+    return lines
+
+
 def _group_headline(group: list[RankFailure]) -> str:
     first = group[0]
     names = rank_set(f.name for f in sorted(group, key=lambda f: f.rank))
@@ -140,12 +148,7 @@ class RemoteError(NbdistError):
     def _render_traceback_(self) -> list[str]:
         """IPython calls this instead of printing our local frames: one block per kind of
         failure, its ranks above the first one's traceback."""
-        lines = [f"{type(self).__name__}: {self.args[0]}"]
-        for group in failure_groups(self.failures):
-            lines.append("")
-            lines.append(f"--- {_named(group)} ---")
-            lines.extend(group[0].traceback.rstrip("\n").splitlines())
-        return lines
+        return [f"{type(self).__name__}: {self.args[0]}", *_blocks(self.failures)]
 
 
 class DistCellError(RemoteError):
@@ -193,9 +196,7 @@ class CellInterrupted(KeyboardInterrupt):
         if tracebacks.full():
             own = "".join(traceback.format_exception(self)).rstrip("\n").splitlines()
             lines += own[:-1]  # the notebook's own frames (the last line: the head's)
-            for group in failure_groups(self.failures):
-                lines += ["", f"--- {_named(group)} ---"]
-                lines += group[0].traceback.rstrip("\n").splitlines()
+            lines += _blocks(self.failures)
         else:
             for group in failure_groups(self.failures):
                 f = group[0]
