@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from nbdist.cluster.cells import _names as _running, _spread
 from nbdist.cluster.core import _fresh
 from nbdist.cluster.world import _names
 from nbdist.errors import DistCellError, RankFailure, failure_groups, ranks_named
@@ -41,6 +42,14 @@ def test_small_sets_are_listed_one_by_one_as_before_and_big_ones_compactly():
     assert _fresh([(2, "killed by SIGKILL"), (5, "new")]) == "2 (killed by SIGKILL), 5 (new)"
     grown = [(2, "killed by SIGKILL"), *((r, "new") for r in range(5, 256))]
     assert _fresh(grown) == "2 (killed by SIGKILL), 5-255 (new)"
+
+
+def test_a_cells_status_lines_of_255_ranks_are_one_short_line():
+    names = [f"worker{r}" for r in range(1, 256)]
+    assert _running(names[:3]) == "worker1, worker2, worker3" and _running(names) == "worker1-255"
+    took = {n: 0.1 + (0.3 if n == "worker17" else 0.0) for n in names if n != "worker9"}
+    assert _spread(took, ["worker9"]) == \
+        "worker1-8,10-255 in 0.1-0.4s (slowest worker17), worker9 ended"
 
 
 def test_grouped_keeps_the_order_each_key_first_came():
