@@ -6,6 +6,10 @@
 cell) and ``DistCallError`` (a view's call; ``.results`` has the rest). ``CellInterrupted``
 (Ctrl-C stopped a ``%%dist`` cell) is a ``KeyboardInterrupt`` instead.
 
+Many ranks failing alike read as one: failures with the same type, message and frames form
+one group (``failure_groups``), headed by its ranks written compactly (``[worker1-255]
+ZeroDivisionError: ...``) and shown with one traceback, not one per rank.
+
 User mistakes made through magics become ``IPython.core.error.UsageError`` in ``magics.py``;
 the same mistakes through the Python API raise ``ValueError`` with the same message.
 """
@@ -16,12 +20,13 @@ import traceback
 from dataclasses import dataclass
 
 from . import tracebacks
+from .rank_sets import SMALL, grouped, labels, named, rank_set
 
 #: The exceptions user code may catch; the package exports them at its top (``nbdist.X``).
 RAISED = ("CellInterrupted", "ClusterStateError", "DistCallError", "DistCellError",
           "DistTimeoutError", "NbdistError", "NoRpcError", "RemoteError", "StartError",
           "WorkerDiedError")
-__all__ = [*RAISED, "RAISED", "RankFailure", "safe_str"]
+__all__ = [*RAISED, "RAISED", "RankFailure", "failure_groups", "ranks_named", "safe_str"]
 
 
 class NbdistError(RuntimeError):
@@ -89,6 +94,45 @@ class RankFailure:
     def headline(self) -> str:
         return f"[{self.name}] {self.etype}: {self.message}"
 
+    def shape(self) -> tuple:
+        """What makes two ranks' failures alike: type, message and frames (file, line,
+        function); the rank's own name in a traceback's text does not count."""
+        return (self.etype, self.message,
+                tuple((f.file, f.line, f.func) for f in tracebacks.frames(self.traceback)))
+
+
+def failure_groups(failures: list[RankFailure]) -> list[list[RankFailure]]:
+    """``failures`` that are alike (``RankFailure.shape``) together, in the order each kind
+    first came."""
+    return [members for _, members in grouped(failures, RankFailure.shape)]
+
+
+def ranks_named(failures: list[RankFailure]) -> str:
+    """``rank 2 (worker2)``, ``ranks 1 (worker1), 3 (worker3)``; past ``SMALL`` ranks
+    ``255 ranks 1-255 (worker1-255)``."""
+    if len(failures) > SMALL:
+        return labels((f.rank, f.name) for f in failures)
+    s = "s" if len(failures) > 1 else ""
+    return f"rank{s} " + ", ".join(f"{f.rank} ({f.name})" for f in failures)
+
+
+def _named(group: list[RankFailure]) -> str:
+    return named((f.rank, f.name) for f in group)
+
+
+def _blocks(failures: list[RankFailure]) -> list[str]:
+    """A block per kind of failure: a blank line, its ranks, the first one's traceback."""
+    lines: list[str] = []
+    for group in failure_groups(failures):
+        lines += ["", f"--- {_named(group)} ---", *group[0].traceback.rstrip("\n").splitlines()]
+    return lines
+
+
+def _group_headline(group: list[RankFailure]) -> str:
+    first = group[0]
+    names = rank_set(f.name for f in sorted(group, key=lambda f: f.rank))
+    return f"[{names}] {first.etype}: {first.message}"
+
 
 class RemoteError(NbdistError):
     """An exception raised by code running on another rank.
@@ -98,17 +142,13 @@ class RemoteError(NbdistError):
 
     def __init__(self, failures: list[RankFailure], summary: str = "") -> None:
         self.failures = failures
-        heads = "; ".join(f.headline() for f in failures)
+        heads = "; ".join(_group_headline(g) for g in failure_groups(failures))
         super().__init__(summary + heads if summary else heads)
 
     def _render_traceback_(self) -> list[str]:
-        """IPython calls this instead of printing our local frames."""
-        lines = [f"{type(self).__name__}: {self.args[0]}"]
-        for f in self.failures:
-            lines.append("")
-            lines.append(f"--- rank {f.rank} ({f.name}) ---")
-            lines.extend(f.traceback.rstrip("\n").splitlines())
-        return lines
+        """IPython calls this instead of printing our local frames: one block per kind of
+        failure, its ranks above the first one's traceback."""
+        return [f"{type(self).__name__}: {self.args[0]}", *_blocks(self.failures)]
 
 
 class DistCellError(RemoteError):
@@ -143,9 +183,8 @@ class CellInterrupted(KeyboardInterrupt):
 
     def __init__(self, failures: list[RankFailure], silent: list[str]) -> None:
         self.failures, self.silent = failures, silent
-        stopped = ", ".join(f"{f.rank} ({f.name})" for f in failures)
-        super().__init__(f"interrupted on rank{'s' if len(failures) != 1 else ''} {stopped}"
-                         if failures else "interrupted")
+        super().__init__(f"interrupted on {ranks_named(failures)}" if failures
+                         else "interrupted")
 
     def _render_traceback_(self) -> list[str]:
         """IPython calls this instead of printing the notebook's frames."""
@@ -157,13 +196,12 @@ class CellInterrupted(KeyboardInterrupt):
         if tracebacks.full():
             own = "".join(traceback.format_exception(self)).rstrip("\n").splitlines()
             lines += own[:-1]  # the notebook's own frames (the last line: the head's)
-            for f in self.failures:
-                lines += ["", f"--- rank {f.rank} ({f.name}) ---"]
-                lines += f.traceback.rstrip("\n").splitlines()
+            lines += _blocks(self.failures)
         else:
-            for f in self.failures:
-                lines += tracebacks.short_block(f"rank {f.rank} ({f.name})", f.etype,
-                                                f.message, f.traceback)
+            for group in failure_groups(self.failures):
+                f = group[0]
+                lines += tracebacks.short_block(_named(group), f.etype, f.message,
+                                                f.traceback)
         lines += [f"{label}: did not stop at once (busy outside Python?); still running the "
                   "cell" for label in self.silent]
         return lines

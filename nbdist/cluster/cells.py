@@ -17,9 +17,11 @@ from ..errors import (
     DistTimeoutError,
     RankFailure,
     WorkerDiedError,
+    ranks_named,
 )
 from ..output.rich_output import RichOutput
 from ..output.router import Router, StatusLine
+from ..rank_sets import SMALL, grouped, labels, named, rank_set
 from .hints import where_defined
 from .rank_table import RankInfo
 
@@ -220,7 +222,7 @@ class Cells:
                     return got
                 if now >= next_status:
                     status = status or StatusLine()
-                    names = ", ".join(self.ranks[r].name for r in pending)
+                    names = _names([self.ranks[r].name for r in pending])
                     status.show(f"nbdist: running on {names} ({now - started:.1f}s)")
                     next_status = now + StatusLine.EVERY
                 if deadline is not None and time.monotonic() > deadline:
@@ -230,7 +232,9 @@ class Cells:
                         got.sent = dict(self._sent.get(exec_id, {}))
                         got.finished = dict(self._finished.get(exec_id, {}))
                         return got
-                    who = ", ".join(self.ranks[r].label() for r in pending)
+                    who = ", ".join(self.ranks[r].label() for r in pending) \
+                        if len(pending) <= SMALL else \
+                        labels((r, self.ranks[r].name) for r in pending)
                     raise DistTimeoutError(f"timed out waiting for {who} to finish the cell; "
                                            "they were interrupted")
                 self.cv.wait(0.05)
@@ -243,15 +247,25 @@ class Cells:
 
     def _announce_failures(self, exec_id: int, announced: set[int]) -> None:
         """A rank's error shows the moment it arrives, while the others run on (its full
-        traceback comes with the cell's end)."""
-        for r, res in self._results.get(exec_id, {}).items():
-            if res.status == "error" and r not in announced:
-                announced.add(r)
-                Router.write("stderr", f"nbdist: {self.ranks[r].label()} failed: "
-                                       f"{res.error_type}: {res.error} (the others run on)\n")
+        traceback comes with the cell's end); ranks whose errors arrived together with the
+        same type and message share one line."""
+        new = [(r, res) for r, res in self._results.get(exec_id, {}).items()
+               if res.status == "error" and r not in announced]
+        announced.update(r for r, _ in new)
+        for (etype, error), same in grouped(new, lambda item: (item[1].error_type,
+                                                                item[1].error)):
+            ranks = [r for r, _ in same]
+            who = self.ranks[ranks[0]].label() if len(ranks) == 1 else \
+                named((r, self.ranks[r].name) for r in ranks)
+            Router.write("stderr", f"nbdist: {who} failed: {etype}: {error} "
+                                   "(the others run on)\n")
 
     def _summary(self, exec_id: int, targets: list[int], started: float) -> str:
         done = self._finished.get(exec_id, {})
+        if len(targets) > SMALL:
+            return "nbdist: finished: " + _spread(
+                {self.ranks[r].name: done[r] - started for r in targets if r in done},
+                [self.ranks[r].name for r in targets if r not in done])
         parts = [f"{self.ranks[r].name} {done[r] - started:.1f}s" if r in done else
                  f"{self.ranks[r].name} ended" for r in targets]
         return "nbdist: finished: " + ", ".join(parts)
@@ -284,9 +298,7 @@ class Cells:
                                             res.traceback + hint))
         if failures:
             self.last_failed = failures[-1].rank
-            ranks = ", ".join(f"{f.rank} ({f.name})" for f in failures)
-            plural = "s" if len(failures) > 1 else ""
-            raise DistCellError(failures, f"the cell failed on rank{plural} {ranks}: ")
+            raise DistCellError(failures, f"the cell failed on {ranks_named(failures)}: ")
         return {r: values[r] for r in targets if r in values}  # by rank, whoever finished first
 
     def flush(self, timeout: float) -> bool:
@@ -305,3 +317,21 @@ class Cells:
                     self.cv.wait(0.02)
             finally:
                 self._flushed.pop(token, None)
+
+
+def _names(names: list[str]) -> str:
+    """Names one by one up to ``SMALL`` of them, past it written compactly."""
+    return ", ".join(names) if len(names) <= SMALL else rank_set(names)
+
+
+def _spread(took: dict[str, float], ended: list[str]) -> str:
+    """Many ranks' times as one line: ``worker1-255 in 0.1-0.4s (slowest worker17)``,
+    then the ranks that ended without finishing."""
+    parts = []
+    if took:
+        slowest = max(took, key=took.__getitem__)
+        parts.append(f"{rank_set(took)} in {min(took.values()):.1f}-{took[slowest]:.1f}s "
+                     f"(slowest {slowest})")
+    if ended:
+        parts.append(f"{rank_set(ended)} ended")
+    return ", ".join(parts)

@@ -25,6 +25,7 @@ from ..hosts.scheduler import enclosing_hosts
 from ..output.receiver import Receiver
 from ..output.router import Router
 from ..patches import rpc_hooks
+from ..rank_sets import SMALL, grouped, numbers, spans
 from ..spec import WorldSpec, parse_hosts, parse_ranks
 from ..telemetry import events
 from .cells import Cells
@@ -625,23 +626,32 @@ def _kept_line(size: int, seconds: float, kept: set[int], before: dict[int, tupl
         if r in kept:
             continue
         if r not in before:
-            fresh.append(f"{r} (new)")
+            fresh.append((r, "new"))
         elif not before[r][0]:
-            fresh.append(f"{r} ({before[r][1]})")
+            fresh.append((r, before[r][1]))
         else:
-            fresh.append(f"{r} (moved host)")
+            fresh.append((r, "moved host"))
     stopped = sorted(r for r in before if r >= size)
     head = "healed" if healing else f"{size} ranks ready"
     parts = [f"kept state: {_ranks(sorted(kept))}" if kept else "no rank kept state"]
     if fresh:
-        parts.append("fresh: " + ", ".join(fresh))
+        parts.append("fresh: " + _fresh(fresh))
     if stopped:
         parts.append(f"stopped: {_ranks(stopped)}")
     return f"nbdist: {head} in {seconds:.2f}s; " + "; ".join(parts)
 
 
 def _ranks(ranks: list[int]) -> str:
-    return ", ".join(map(str, ranks))
+    return numbers(ranks)
+
+
+def _fresh(fresh: list[tuple[int, str]]) -> str:
+    """``2 (killed by SIGKILL), 5 (new)``; past ``SMALL`` ranks grouped by why,
+    ``5-255 (new)``."""
+    if len(fresh) <= SMALL:
+        return ", ".join(f"{r} ({why})" for r, why in fresh)
+    return ", ".join(f"{spans(r for r, _ in same)} ({why})"
+                     for why, same in grouped(fresh, lambda item: item[1]))
 
 
 SESSION.before_exit.append(_give_way_at_exit)

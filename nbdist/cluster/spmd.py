@@ -16,7 +16,8 @@ import contextlib
 import sys
 from typing import Any
 
-from ..errors import DistCellError, DistTimeoutError, RankFailure
+from ..errors import DistCellError, DistTimeoutError, RankFailure, ranks_named
+from ..rank_sets import labels
 from .failfast import FailFast
 
 __all__ = ["run_with_local"]
@@ -67,7 +68,7 @@ def run_with_local(cluster: Any, shell: Any, cell: str, targets: list[int],
     results = cluster.collect(exec_id, targets, AFTER_INTERRUPT, partial=True)
     stuck = [r for r in targets if r not in results]
     if stuck:
-        names = ", ".join(f"rank {r} ({cluster.names[r]})" for r in stuck)
+        names = labels((r, cluster.names[r]) for r in stuck)
         print(f"nbdist: {names} did not stop within {AFTER_INTERRUPT:g}s of the interrupt "
               "(inside a collective?); the cell ends without waiting", file=sys.stderr)
     first = watch.first if watch is not None else None
@@ -84,9 +85,7 @@ def _failed_here(cluster: Any, outcome: Any) -> list[RankFailure]:
 
 
 def _cell_error(failures: list[RankFailure]) -> DistCellError:
-    ranks = ", ".join(f"{f.rank} ({f.name})" for f in failures)
-    plural = "s" if len(failures) > 1 else ""
-    return DistCellError(failures, f"the cell failed on rank{plural} {ranks}: ")
+    return DistCellError(failures, f"the cell failed on {ranks_named(failures)}: ")
 
 
 def _report(cluster: Any, results: dict, targets: list[int],

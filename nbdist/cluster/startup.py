@@ -29,6 +29,7 @@ from ..patches import quiet, rpc_hooks, rref_reset, tp_address
 from ..patches.torch_private import report_once, usable
 from ..proc import membership
 from ..proc.rank_config import RankConfig
+from ..rank_sets import SMALL, labels
 from ..shm import transport as shm
 from ..spec import WorldSpec
 from .rank_table import RankInfo
@@ -162,7 +163,8 @@ class StartWatch:
 
     def timed_out(self, waiting: set[int], what: str) -> DistTimeoutError:
         """The error for a deadline that passed while ``waiting`` had not done ``what``."""
-        who = ", ".join(self.ranks[r].label() for r in sorted(waiting))
+        who = ", ".join(self.ranks[r].label() for r in sorted(waiting)) \
+            if len(waiting) <= SMALL else labels((r, self.ranks[r].name) for r in waiting)
         return DistTimeoutError(f"timed out after {self.timeout:g}s waiting for {who} to {what}")
 
     def accept_all(self, listener: Listener, expect: set[int] | None = None) -> None:

@@ -1,4 +1,5 @@
-"""``%dist_status``: one row per rank, as a text table and as HTML in a notebook.
+"""``%dist_status``: one row per rank, as a text table and as HTML in a notebook; past 16
+ranks one line per host and state of alike ranks, the odd ones out first (``status_groups``).
 
 CPU % and memory come from psutil: for local ranks sampled here, for ranks on other hosts
 by their host's join agent, which sends them with each heartbeat (``remote_samples``).
@@ -19,8 +20,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..proc.procstat import Sampler
+from ..rank_sets import SMALL, spans
 from ..table import html_table, text_table
 from ..telemetry import tracing
+from .status_groups import Line, group_rows
 
 __all__ = ["HostTable", "StatusTable", "collect_status", "host_status", "remote_samples"]
 
@@ -47,15 +50,19 @@ def _num(v: float | None, fmt: str) -> str:
 @dataclass
 class StatusTable:
     """Rows of ``rank, name, pid, state, cpu %, memory MB, uptime s`` (and ``host`` after
-    ``name`` when the world spans hosts); ``HostTable`` is its one-line-per-host twin."""
+    ``name`` when the world spans hosts); ``HostTable`` is its one-line-per-host twin. Past
+    ``small`` ranks it shows a line per host and state of alike ranks, odd ones first
+    (``status_groups``); ``rows`` keeps every rank's."""
 
     rows: list[dict]
     with_host: bool = False
     with_gpu: bool = False
     with_shm: bool = False
     world: str = ""  # the world's state (``ClusterState``'s value): a line below the rows
+    small: int = SMALL  # past this many workers, alike ranks share a line (``status_groups``)
 
     COLUMNS = ("rank", "name", "pid", "state", "cpu %", "mem MB", "uptime s")
+    GROUP_COLUMNS = ("ranks", "names", "n", "pid", "state", "cpu %", "mem MB", "uptime s")
     GPU_COLUMNS = ("gpu", "gpu MB alloc/res", "gpu util %")
 
     @property
@@ -83,17 +90,56 @@ class StatusTable:
                                            f"{u['faulted'] / 2**20:.0f}")
         return cells
 
+    @property
+    def grouped(self) -> bool:
+        """Whether the world is big enough (past ``small`` workers) to show grouped."""
+        return sum(r["rank"] not in (0, TEMPLATE_RANK) for r in self.rows) > self.small
+
+    @property
+    def group_columns(self) -> tuple[str, ...]:
+        cols = self.GROUP_COLUMNS
+        if self.with_host:
+            cols = (*cols[:2], "host", *cols[2:])
+        cols = (*cols, "gpu MB alloc") if self.with_gpu else cols
+        return (*cols, "shm MB used") if self.with_shm else cols
+
+    def _group_cells(self, line: Line) -> list[str]:
+        one = line.rows[0] if len(line.rows) == 1 else None
+        cells = [line.ranks, line.names, str(len(line.rows)),
+                 str(one["pid"] or "-") if one else "-", line.state,
+                 line.values(lambda r: r["cpu"], ".0f"), line.values(lambda r: r["mem_mb"], ".0f"),
+                 line.values(lambda r: r["uptime"], ".1f")]
+        if self.with_host:
+            cells.insert(2, line.rows[0].get("host") or "local")
+        if self.with_gpu:
+            cells.append(line.values(lambda r: (r.get("gpu_mb") or (None,))[0], ".0f"))
+        if self.with_shm:
+            cells.append(line.values(lambda r: r["shm"]["used"] / 2**20 if r.get("shm")
+                                     else None, ".0f"))
+        return cells
+
+    def _table(self) -> tuple[tuple[str, ...], list[list[str]], list[bool]]:
+        """Columns, cells and whether each line's ranks are alive: a row per rank, or past
+        ``small`` ranks a line per group (``status_groups``)."""
+        if not self.grouped:
+            return self.columns, [self._cells(r) for r in self.rows], \
+                [r["alive"] for r in self.rows]
+        lines = group_rows(self.rows, self.small)
+        return self.group_columns, [self._group_cells(line) for line in lines], \
+            [all(r["alive"] for r in line.rows) for line in lines]
+
     def __str__(self) -> str:
         tail = f"\nworld: {self.world}" if self.world else ""
-        return text_table(self.columns, [self._cells(r) for r in self.rows]) + tail
+        columns, cells, _ = self._table()
+        return text_table(columns, cells) + tail
 
     __repr__ = __str__
 
     def _repr_html_(self) -> str:
         tail = f"<p>world: {self.world}</p>" if self.world else ""
-        return html_table("nbdist-status", self.columns, [self._cells(r) for r in self.rows],
-                          ["" if r["alive"] else ' style="color:#b00"' for r in self.rows]
-                          ) + tail
+        columns, cells, alive = self._table()
+        return html_table("nbdist-status", columns, cells,
+                          ["" if a else ' style="color:#b00"' for a in alive]) + tail
 
     def alive(self) -> dict[int, bool]:
         """``{rank: alive}`` for the world's ranks (the template row is not one)."""
@@ -239,12 +285,12 @@ def host_status(cluster: Any, agents: dict[str, Any], note: str = "") -> HostTab
     rows = []
     for host, _ in cluster.spec.hosts:
         agent = agents.get(host)
-        ranks = [str(r) for r, i in sorted(cluster.ranks.items()) if i.host == host]
+        ranks = [r for r, i in cluster.ranks.items() if i.host == host]
         alive = agent is not None and agent.alive()
         state = "alive" if alive else f"lost ({agent.lost})" if agent and agent.lost else "gone"
         beat = agent.beat if alive else None
         rows.append({"host": host, "pid": agent.pid if agent else None,
-                     "ranks": ",".join(ranks), "state": state,
+                     "ranks": spans(ranks), "state": state,
                      "load": beat.load if beat else None,
                      "free_mb": beat.mem_mb if beat else None})
     return HostTable(rows, note)

@@ -18,10 +18,11 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..errors import DistCallError, RankFailure, WorkerDiedError, safe_str
+from ..errors import DistCallError, RankFailure, WorkerDiedError, ranks_named, safe_str
 from ..patches import no_rpc
 from ..patches.rpc_hooks import wait_future
 from ..proc.namespace import apply_each, assign, read
+from ..rank_sets import SMALL, rank_set
 from ..spec import parse_ranks
 from .rank_table import ClusterState
 
@@ -137,9 +138,7 @@ class CallFuture:
             self._values = self._collect()
         if self._failures:
             failures = [self._failures[r] for r in sorted(self._failures)]
-            where = ", ".join(f"{f.rank} ({f.name})" for f in failures)
-            s = "s" if len(failures) > 1 else ""
-            raise DistCallError(failures, f"{self.what} failed on rank{s} {where}: ",
+            raise DistCallError(failures, f"{self.what} failed on {ranks_named(failures)}: ",
                                 results=dict(self._values))
         return dict(self._values)
 
@@ -314,7 +313,7 @@ class View:
 
     # ------------------------------------------------------------------ sending
     def _label(self) -> str:
-        return ", ".join(self.names)
+        return ", ".join(self.names) if len(self.names) <= SMALL else rank_set(self.names)
 
     def _send(self, what: str, calls: dict[int, tuple]) -> CallFuture:
         """One ``rpc_async`` per rank, all sent before any is waited for."""

@@ -36,6 +36,7 @@ from ..patches import no_rpc, rpc_hooks
 from ..proc import cuda, nccl
 from ..proc.rank_config import RankConfig, world_group
 from ..proc.runtime import pid_alive
+from ..rank_sets import SMALL, numbers, rank_set, spans
 from ..spec import WorldSpec
 from ..telemetry import records, tracing
 from .cells import Cells
@@ -133,7 +134,7 @@ class World:
         if not quiet:
             note = f" ({self.gpu.note})" if self.gpu is not None and self.gpu.note else ""
             print(f"nbdist: {spec.world_size} ranks ready in {self.startup_seconds:.2f}s: "
-                  + ", ".join(f"{r}={nm}" for r, nm in enumerate(self.names)) + note
+                  + _names(self.names) + note
                   + _without_rpc(self.why_no_rpc, self.spec.group_backend)
                   + _merge_note(spec))
 
@@ -513,8 +514,18 @@ def _merge_note(spec: WorldSpec) -> str:
         return ("; a line several ranks print at once shows once, led by their names "
                 "(`--aggregate off`: once per rank)")
     return ""
+
+
+def _names(names: list[str]) -> str:
+    """The start line's ranks: ``0=agent, 1=worker1, ...``; past ``SMALL`` workers written
+    compactly (``ranks 0-255: agent,worker1-255``)."""
+    if len(names) - 1 <= SMALL:
+        return ", ".join(f"{r}={nm}" for r, nm in enumerate(names))
+    return f"ranks {spans(range(len(names)))}: {rank_set(names)}"
+
+
 def _ranks(ranks: list[int]) -> str:
-    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, sorted(ranks)))}"
+    return f"rank{'s' if len(ranks) > 1 else ''} {numbers(ranks)}"
 
 
 def _without_rpc(why: str, backend: str | None) -> str:

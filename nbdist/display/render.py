@@ -2,10 +2,12 @@
 
 Nothing here knows about widgets, kernels or clusters. Figures are ``matplotlib.figure.Figure``
 objects with an Agg canvas, never pyplot: safe from a background thread, and the notebook's
-backend is left alone. Data shapes: ``series`` ``{key: {rank: curve}}``, a curve ``(steps,
-values)`` or, downsampled, ``(steps, values, mean steps, running mean)``
-(``display.collect.Envelope``); ``names`` ``{rank: name}``; ``samples`` ``(wall time, caller,
-callee, function, latency s, bytes)`` (``tracing.samples``); ``rows``
+backend is left alone. Past ``BAND_ABOVE`` ranks a value's curves become a band of min /
+median / max with the straying ranks named (``display.bands``), and the status panel shows a
+bar per group of alike ranks (``cluster.status_groups``). Data shapes: ``series`` ``{key:
+{rank: curve}}``, a curve ``(steps, values)`` or, downsampled, ``(steps, values, mean steps,
+running mean)`` (``display.collect.Envelope``); ``names`` ``{rank: name}``; ``samples``
+``(wall time, caller, callee, function, latency s, bytes)`` (``tracing.samples``); ``rows``
 ``cluster.status.collect_status`` rows; ``timings`` ``{"observers", "mode", "seconds"}`` dicts
 (``display.record_timing``).
 """
@@ -22,8 +24,13 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from ..cluster.status_groups import Line, group_rows
+from ..rank_sets import SMALL, rank_set
+from . import bands
+
 __all__ = [
     "Snapshot",
+    "StatusLine",
     "curve_points",
     "dashboard_figure",
     "draw_latency",
@@ -38,6 +45,7 @@ __all__ = [
     "running_mean",
     "status_figure",
     "status_html",
+    "status_lines",
     "thin",
     "timings_figure",
     "timings_table",
@@ -47,6 +55,7 @@ __all__ = [
 DPI = 80
 WIDTH = 9.0  # inches: 720 px at DPI
 MAX_POINTS = 1500  # per raw curve; the running mean is computed on every point first
+BAND_ABOVE = SMALL  # past this many ranks a value's curves are drawn as one band
 _PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
             "#7f7f7f", "#bcbd22", "#17becf")
 EVENT_COLOR = "#cc3333"
@@ -146,14 +155,21 @@ def curve_points(curve: Sequence, window: int,
 
 
 def draw_metric(ax: Any, curves: dict[int, tuple[Sequence, Sequence]], key: str,
-                names: dict[int, str] | None = None, window: int = 20) -> None:
-    """One logged value: a faint raw line and a bold running mean per rank."""
+                names: dict[int, str] | None = None, window: int = 20,
+                band_above: int = BAND_ABOVE) -> None:
+    """One logged value: a faint raw line and a bold running mean per rank; past
+    ``band_above`` ranks the band of their running means (min, median, max) and the ranks
+    that stray from it (``display.bands``)."""
     names = names or {}
     ax.set_title(key, fontsize=10, loc="left")
     if not curves:
         _empty(ax, f"no '{key}' logged yet")
         return
-    for rank in sorted(curves):
+    if len(curves) > band_above:
+        means = {r: curve_points(c, window)[2:] for r, c in curves.items()}
+        _draw_band(ax, means, name=lambda r: names.get(r, f"rank{r}"),
+                   label=lambda r: _label(r, names))
+    for rank in sorted(curves) if len(curves) <= band_above else ():
         xs, ys, xm, ym = curve_points(curves[rank], window)
         if len(ys) == 0:
             continue
@@ -165,6 +181,20 @@ def draw_metric(ax: Any, curves: dict[int, tuple[Sequence, Sequence]], key: str,
     ax.set_xlabel("step", fontsize=8)
     ax.legend(fontsize=7, loc="upper left", frameon=False,
               title=f"mean of {window}" if window > 1 else None, title_fontsize=7)
+
+
+def _draw_band(ax: Any, curves: dict[Any, tuple[Sequence, Sequence]], what: str = "ranks",
+               name: Any = str, label: Any = str) -> None:
+    """The band of ``curves`` (``{key: (x, y)}``) with its median bold, over the keys'
+    ``name`` s; each stray its own line, ``label(key)``."""
+    b = bands.band(curves)
+    ax.fill_between(b.steps, b.lo, b.hi, color=_PALETTE[0], alpha=0.2, lw=0,
+                    label=f"min-max of {len(b.ranks)} {what}")
+    ax.plot(b.steps, b.mid, color=_PALETTE[0], lw=1.8,
+            label=f"median of {rank_set(map(name, b.ranks))}")
+    for i, key in enumerate(b.strays):
+        ax.plot(*curves[key], color=_PALETTE[(i + 3) % len(_PALETTE)], lw=1.2,
+                label=label(key))
 
 
 def latency_over_time(samples: Sequence[tuple], bucket: float | None = None,
@@ -223,7 +253,11 @@ def draw_latency(ax_lat: Any, ax_rate: Any, samples: Sequence[tuple],
         _empty(ax_lat, "no RPCs traced yet")
         _empty(ax_rate, "no RPCs traced yet")
         return
-    for dest, d in per.items():
+    if len(per) > BAND_ABOVE:
+        ax_lat.set_title(f"RPC p50 latency, {len(per)} destinations", fontsize=10, loc="left")
+        _draw_band(ax_lat, {d: (v["t"], v["p50"]) for d, v in per.items()}, "destinations")
+        _draw_band(ax_rate, {d: (v["t"], v["rate"]) for d, v in per.items()}, "destinations")
+    for dest, d in per.items() if len(per) <= BAND_ABOVE else ():
         color = _dest_color(dest, names)
         ax_lat.plot(d["t"], d["p50"], color=color, lw=1.6, marker=".", ms=3, label=dest)
         ax_lat.plot(d["t"], d["p95"], color=color, lw=1.0, ls="--")
@@ -275,13 +309,12 @@ def draw_status(ax: Any, rows: Sequence[dict], events: Sequence[dict] = ()) -> N
         _empty(ax, "no world running")
         return
     labels, cpus, colors, notes = [], [], [], []
-    for r in rows:
-        labels.append(f"{r['rank']} {r['name']}")
-        cpus.append(r.get("cpu") or 0.0)
-        colors.append(rank_color(r["rank"]) if r.get("alive") else "#cc3333")
-        mem = r.get("mem_mb")
-        notes.append(f"{r.get('state', '')}" + (f", {mem:.0f} MB" if mem is not None else ""))
-    y = np.arange(len(rows))
+    for line in status_lines(rows):
+        labels.append(line.label)
+        cpus.append(line.cpu or 0.0)
+        colors.append(line.color)
+        notes.append(line.state + (f", {line.mem} MB" if line.mem != "-" else ""))
+    y = np.arange(len(labels))
     ax.barh(y, cpus, color=colors, alpha=0.8)
     top = max([100.0, *cpus])
     for yi, cpu, note in zip(y, cpus, notes, strict=True):
@@ -368,7 +401,7 @@ def latency_figure(snap: Snapshot) -> Figure:
 
 def status_figure(snap: Snapshot) -> Figure:
     """The status panel alone."""
-    fig = new_figure(0.6 + 0.3 * max(len(snap.rows), 2), WIDTH / 2)
+    fig = new_figure(0.6 + 0.3 * max(len(status_lines(snap.rows)), 2), WIDTH / 2)
     draw_status(fig.add_subplot(1, 1, 1), snap.rows, snap.events)
     fig.subplots_adjust(left=0.25, right=0.97, top=0.85, bottom=0.2)
     return fig
@@ -407,25 +440,67 @@ def dashboard_figure(snap: Snapshot, keys: Sequence[str] | None = None) -> Figur
     return fig
 
 
+@dataclass
+class StatusLine:
+    """One bar of the status panel: a rank, or past ``BAND_ABOVE`` workers a group of alike
+    ranks (``cpu``: the highest of them; ``mem``: ``a`` or ``min-max`` MB)."""
+
+    ranks: str
+    names: str
+    state: str
+    cpu: float | None
+    mem: str
+    color: str
+    alive: bool
+
+    @property
+    def label(self) -> str:
+        one = "," not in self.ranks and "-" not in self.ranks[1:]
+        return f"{self.ranks} {self.names}" if one else _shorten(self.names, 24)
+
+
+def _shorten(text: str, most: int) -> str:
+    return text if len(text) <= most else text[:most - 1] + "…"
+
+
+def status_lines(rows: Sequence[dict], band_above: int = BAND_ABOVE) -> list[StatusLine]:
+    """The status panel's bars: one per rank, or past ``band_above`` workers one per group
+    of alike ranks, odd ones first (``cluster.status_groups.group_rows``)."""
+    workers = sum(isinstance(r["rank"], int) and r["rank"] != 0 for r in rows)
+    lines = group_rows(list(rows), band_above) if workers > band_above else \
+        [Line([r]) for r in rows]
+    out = []
+    for line in lines:
+        first, alive = line.rows[0], all(r.get("alive") for r in line.rows)
+        cpus = [r["cpu"] for r in line.rows if r.get("cpu") is not None]
+        rank = first["rank"] if isinstance(first["rank"], int) else 0
+        state = line.state if len(line.rows) == 1 else f"{line.state}, {len(line.rows)} ranks"
+        out.append(StatusLine(str(first["rank"]) if len(line.rows) == 1 else line.ranks,
+                              str(first["name"]) if len(line.rows) == 1 else line.names,
+                              state, max(cpus) if cpus else None,
+                              line.values(lambda r: r.get("mem_mb"), ".0f"),
+                              rank_color(rank) if alive else "#cc3333", alive))
+    return out
+
+
 def status_html(rows: Sequence[dict]) -> str:
-    """An HTML table of the ranks with inline CPU bars; dead ranks in red."""
+    """An HTML table of the ranks with inline CPU bars; dead ranks in red; past
+    ``BAND_ABOVE`` workers a row per group of alike ranks."""
     if not rows:
         return "<div class='nbdist-status'><i>no world running</i></div>"
     out = ["<table class='nbdist-status' cellpadding='4' "
            "style='border-collapse:collapse;font-size:12px'>",
            "<tr><th align=left>rank</th><th align=left>name</th><th align=left>state</th>"
            "<th align=left>CPU</th><th align=right>mem MB</th></tr>"]
-    for r in rows:
-        cpu = r.get("cpu")
-        mem = r.get("mem_mb")
+    for line in status_lines(rows):
+        cpu = line.cpu
         width = 0 if cpu is None else min(cpu, 200.0) / 2
-        color = rank_color(r["rank"]) if r.get("alive") else "#cc3333"
-        style = "" if r.get("alive") else " style='color:#b00'"
+        style = "" if line.alive else " style='color:#b00'"
         bar = (f"<div style='display:inline-block;width:{width:.0f}px;height:9px;"
-               f"background:{color}'></div> {'-' if cpu is None else f'{cpu:.0f}%'}")
-        out.append(f"<tr{style}><td>{r['rank']}</td><td>{html.escape(str(r['name']))}</td>"
-                   f"<td>{html.escape(str(r.get('state', '')))}</td>"
+               f"background:{line.color}'></div> {'-' if cpu is None else f'{cpu:.0f}%'}")
+        out.append(f"<tr{style}><td>{html.escape(line.ranks)}</td>"
+                   f"<td>{html.escape(line.names)}</td><td>{html.escape(line.state)}</td>"
                    f"<td style='min-width:130px'>{bar}</td>"
-                   f"<td align=right>{'-' if mem is None else f'{mem:.0f}'}</td></tr>")
+                   f"<td align=right>{line.mem}</td></tr>")
     out.append("</table>")
     return "".join(out)

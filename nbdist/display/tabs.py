@@ -1,4 +1,5 @@
-"""``%%dist --tabs``: one live tab per rank, its title a status badge, its body the output.
+"""``%%dist --tabs``: one live tab per rank, its title a status badge, its body the output;
+past ``MAX_TABS`` ranks a tab per host or per run of ranks, its lines led by their rank's name.
 
 ``rank_tabs(cluster, ranks)`` is a context manager around a cell: an ipywidgets ``Tab`` with one
 ``HTML`` pane per rank receives the rank's output (``Router.viewing``) instead of the flat
@@ -15,7 +16,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from ..output.router import Router, in_jupyter
-from .panes import RankText, render_pane, tab_title
+from .panes import MAX_TABS, RankText, group_title, render_pane, tab_groups
 
 __all__ = ["EVERY", "RankTabs", "rank_tabs"]
 
@@ -26,32 +27,43 @@ FALLBACK = ("nbdist: --tabs needs a Jupyter frontend with ipywidgets; this cell'
 
 
 class RankTabs:
-    """A tab per rank, redrawn from a thread of its own (``start``/``close``)."""
+    """A tab per rank (past ``most`` ranks a tab per group of ranks: ``panes.tab_groups``),
+    redrawn from a thread of its own (``start``/``close``)."""
 
-    def __init__(self, names: dict[int, str], alive: Callable[[int], bool]) -> None:
+    def __init__(self, names: dict[int, str], alive: Callable[[int], bool],
+                 hosts: dict[int, str] | None = None, most: int = MAX_TABS) -> None:
         """``names``: rank -> name of the ranks shown; ``alive(rank)``: whether its process
-        still runs (a rank whose process ends before its cell does is shown dead)."""
+        still runs (a rank whose process ends before its cell does is shown dead);
+        ``hosts``: rank -> host, for a tab per host in a big world across hosts."""
         import ipywidgets
 
         self.names, self._alive = dict(names), alive
-        self.text = {r: RankText() for r in names}
+        self.groups = tab_groups(list(names), hosts, most)
+        self.tab_of = {r: i for i, members in enumerate(self.groups) for r in members}
+        self._shared = any(len(members) > 1 for members in self.groups)
+        self.text = [RankText() for _ in self.groups]
         self.states = {r: "running" for r in names}
         self._lock = threading.Lock()
-        self._dirty: set[int] = set()
+        self._dirty: set[int] = set()  # tabs whose text changed
         self._stop = threading.Event()
-        self.panes = {r: ipywidgets.HTML(render_pane([])) for r in names}
-        self.tab = ipywidgets.Tab(children=[self.panes[r] for r in names],
-                                  titles=[tab_title(n, "running") for n in names.values()])
+        self.panes = [ipywidgets.HTML(render_pane([])) for _ in self.groups]
+        self.tab = ipywidgets.Tab(children=self.panes, titles=self._titles())
         self._thread = threading.Thread(target=self._loop, daemon=True, name="nbdist-tabs")
+
+    def _titles(self) -> tuple[str, ...]:
+        return tuple(group_title([self.names[r] for r in members],
+                                 [self.states[r] for r in members])
+                     for members in self.groups)
 
     # -- the router's RankView -----------------------------------------------------------------
     def takes(self, rank: int) -> bool:
-        return rank in self.text
+        return rank in self.tab_of
 
     def output(self, rank: int, name: str, stream: str, text: str) -> None:
+        tab = self.tab_of[rank]
         with self._lock:
-            self.text[rank].feed(stream, text)
-            self._dirty.add(rank)
+            self.text[tab].feed(stream, text, name if self._shared else "")
+            self._dirty.add(tab)
 
     def finished(self, rank: int, ok: bool) -> None:
         with self._lock:
@@ -86,10 +98,10 @@ class RankTabs:
                 if state == "running" and not self._alive(r):
                     self.states[r] = "dead"
             dirty, self._dirty = self._dirty, set()
-            views = {r: (self.text[r].view(), self.text[r].hidden) for r in dirty}
-            titles = tuple(tab_title(self.names[r], s) for r, s in self.states.items())
-        for r, (lines, hidden) in views.items():
-            self.panes[r].value = render_pane(lines, hidden)
+            views = {i: (self.text[i].view(), self.text[i].hidden) for i in dirty}
+            titles = self._titles()
+        for i, (lines, hidden) in views.items():
+            self.panes[i].value = render_pane(lines, hidden)
         if tuple(self.tab.titles) != titles:
             self.tab.titles = titles
 
@@ -113,7 +125,8 @@ def rank_tabs(cluster: Any, ranks: list[int]) -> Iterator[RankTabs | None]:
         yield None
         return
     workers = [r for r in ranks if r]  # rank 0 (``--local``) prints in the notebook itself
-    view = RankTabs({r: cluster.names[r] for r in workers}, lambda r: cluster.ranks[r].alive)
+    view = RankTabs({r: cluster.names[r] for r in workers}, lambda r: cluster.ranks[r].alive,
+                    {r: cluster.ranks[r].host for r in workers if cluster.ranks[r].host})
     view.start()
     try:
         with cluster.router.viewing(view):

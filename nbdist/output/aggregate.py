@@ -5,7 +5,8 @@ no clock (the caller passes ``now``).
 other ranks on the same stream joins it, shows it at once when every expected rank has printed
 it, keeps each rank's lines in the order it printed them, and ``release`` shows a rank's held
 lines now. Contract: nothing is dropped; each held line is shown exactly once (the router keeps
-every rank's own log as printed). The rule in full: docs/how-it-works.md, Module notes.
+every rank's own log as printed). The rule in full: docs/how-it-works.md, Module notes. The
+ranks of a shown line are written by ``nbdist.rank_sets.rank_set``.
 """
 
 from __future__ import annotations
@@ -14,56 +15,10 @@ import bisect
 import collections
 import heapq
 import math
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-__all__ = ["Aggregator", "Held", "rank_set"]
-
-_NUMBERED = re.compile(r"^(.*?)([1-9][0-9]*|0)$")
-
-
-def rank_set(names: Iterable[str]) -> str:
-    """Names in rank order, written compactly: ``worker1-4,7``, ``ps,trainer2-12``.
-
-    Names that end in a number share their stem once; runs of three or more consecutive
-    numbers become ``a-b``. Stems appear in the order of their first rank.
-    """
-    stems: dict[str, list[int]] = {}
-    plain: dict[str, None] = {}
-    order: list[tuple[str, bool]] = []
-    for name in names:
-        m = _NUMBERED.match(name)
-        if m is None:
-            if name not in plain:
-                plain[name] = None
-                order.append((name, False))
-            continue
-        stem, num = m.group(1), int(m.group(2))
-        if stem not in stems:
-            stems[stem] = []
-            order.append((stem, True))
-        stems[stem].append(num)
-    parts = []
-    for key, numbered in order:
-        parts.append(key + _runs(stems[key]) if numbered else key)
-    return ",".join(parts)
-
-
-def _runs(nums: list[int]) -> str:
-    nums = sorted(set(nums))
-    out: list[str] = []
-    i = 0
-    while i < len(nums):
-        j = i
-        while j + 1 < len(nums) and nums[j + 1] == nums[j] + 1:
-            j += 1
-        if j - i >= 2:
-            out.append(f"{nums[i]}-{nums[j]}")
-        else:
-            out.extend(str(n) for n in nums[i:j + 1])
-        i = j + 1
-    return ",".join(out)
+__all__ = ["Aggregator", "Held"]
 
 
 @dataclass(eq=False)

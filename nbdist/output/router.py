@@ -23,7 +23,8 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, Protocol
 
-from .aggregate import Aggregator, Held, rank_set
+from ..rank_sets import rank_set
+from .aggregate import Aggregator, Held
 from .line_guard import watch, write_after
 
 __all__ = ["LiveLine", "RankView", "Router", "StatusLine", "cell_stream", "in_jupyter"]

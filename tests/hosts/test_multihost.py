@@ -109,6 +109,28 @@ def test_ranks_are_placed_on_their_hosts_and_torch_binds_there(hostworld):
     assert fh.ns["a"] in hosts and fh.ns["b"] in hosts and "alive" in hosts
 
 
+def test_a_big_worlds_status_groups_ranks_by_host(hostworld):
+    """Issue 52: past the threshold (lowered to 1 worker here) alike ranks share a line per
+    host; a line never mixes hosts, and each host's ranks are all on its lines."""
+    import re
+
+    fh, c = hostworld
+    table = c.status()
+    table.small = 1
+    lines = [re.split(r"\s{2,}", line.strip()) for line in str(table).splitlines()[1:-1]]
+    hosts = {}
+    lines = [line for line in lines if line[0] != "-"]  # the template's
+    for ranks, _, host, *_ in lines:
+        for part in ranks.split(","):
+            a, _, b = part.partition("-")
+            for r in range(int(a), int(b or a) + 1):
+                hosts[r] = host
+    assert hosts == {0: "local", 1: "local", 2: fh.ns["a"], 3: fh.ns["a"], 4: fh.ns["b"],
+                     5: fh.ns["b"]}, lines
+    assert len(lines) <= 6 and [line[2] for line in lines] == sorted(
+        (line[2] for line in lines), key=["local", fh.ns["a"], fh.ns["b"]].index)
+
+
 def test_rref_owned_on_one_host_is_used_from_another(hostworld):
     fh, c = hostworld
     counter = rpc.remote(c.names[2], Counter, args=(10,))  # owned on host a

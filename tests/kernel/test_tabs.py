@@ -1,6 +1,7 @@
-"""``%%dist --tabs``: the pure parts (a rank's text, titles, pane HTML), the live tabs in a
-real kernel (their widget messages, badges running → done / failed / dead, output kept out
-of the flat stream), and the flat stream with one line where no widget can show."""
+"""``%%dist --tabs``: the pure parts (a rank's text, titles, pane HTML, ranks sharing tabs
+past ``MAX_TABS``), the live tabs in a real kernel (their widget messages, badges running →
+done / failed / dead, output kept out of the flat stream), shared tabs on a real world, and
+the flat stream with one line where no widget can show."""
 
 from __future__ import annotations
 
@@ -9,7 +10,14 @@ import time
 import pytest
 from kernel_helpers import Kernel
 
-from nbdist.display.panes import RankText, render_pane, tab_title
+from nbdist.display.panes import (
+    MAX_TABS,
+    RankText,
+    group_title,
+    render_pane,
+    tab_groups,
+    tab_title,
+)
 
 VIEW = "application/vnd.jupyter.widget-view+json"
 
@@ -34,6 +42,31 @@ def test_titles_carry_the_state_as_a_badge():
     assert tab_title("obs1", "dead") == "obs1 ☠ dead"
     with pytest.raises(ValueError, match="one of"):
         tab_title("obs1", "sleeping")
+
+
+def test_256_ranks_share_at_most_max_tabs_and_a_world_across_hosts_gets_a_tab_per_host():
+    ranks = list(range(1, 256))
+    tabs = tab_groups(ranks)
+    assert len(tabs) == MAX_TABS and sum(tabs, []) == ranks
+    assert tabs[0] == list(range(1, 17)) and tabs[-1] == list(range(241, 256))
+    assert tab_groups([1, 2, 3]) == [[1], [2], [3]]  # a small world: a tab per rank
+    hosts = {r: "nodea" if r < 100 else "nodeb" for r in ranks}
+    assert tab_groups(ranks, hosts) == [list(range(1, 100)), list(range(100, 256))]
+    assert tab_groups(ranks, {r: f"n{r}" for r in ranks}) == tabs  # 255 hosts: runs again
+
+
+def test_a_shared_tab_counts_its_ranks_states_and_labels_their_lines():
+    names = [f"worker{r}" for r in range(1, 17)]
+    states = ["done"] * 14 + ["failed", "running"]
+    assert group_title(names, states) == "worker1-16: ⏳ 1 running, ✔ 14 done, ✘ 1 failed"
+    assert group_title(["obs3"], ["dead"]) == "obs3 ☠ dead"
+    with pytest.raises(ValueError, match="one of"):
+        group_title(names[:2], ["done", "sleeping"])
+    t = RankText()
+    t.feed("stdout", "step 1 of", "worker1")
+    t.feed("stdout", "step 1 of 2\n", "worker2")
+    t.feed("stdout", " 2\n", "worker1")
+    assert t.view() == [("stdout", "[worker2] step 1 of 2"), ("stdout", "[worker1] step 1 of 2")]
 
 
 def test_pane_html_escapes_marks_stderr_and_counts_hidden_lines():
@@ -126,6 +159,26 @@ def test_a_rank_that_dies_shows_dead(kernel):
     tabs = _models(msgs, "TabModel")
     assert _states(msgs, tabs[0], "titles")[-1] == ["worker1 ✔ done", "worker2 ☠ dead"]
     assert kernel.execute("%dist_stop", timeout=60).status == "ok"
+
+
+def test_a_real_world_past_the_threshold_shares_tabs(world):
+    """Ranks of a real world of 4, with at most 2 tabs: each tab shows its ranks' lines led
+    by their names, and its title their states."""
+    from nbdist.display.tabs import RankTabs
+
+    c = world(4)
+    view = RankTabs({r: c.names[r] for r in range(1, 5)}, lambda r: c.ranks[r].alive, most=2)
+    assert view.tab.titles == ("worker1,2: ⏳ 2 running", "worker3,4: ⏳ 2 running")
+    with c.router.viewing(view):
+        with pytest.raises(Exception, match="rank 4"):
+            c.run("import os\nrank = int(os.environ['NBDIST_RANK'])\nprint('hi from', rank)\n"
+                  "if rank == 4:\n    raise ValueError('rank 4 fails')", show=False)
+        c.flush()
+    view.redraw()
+    assert view.tab.titles == ("worker1,2: ✔ 2 done", "worker3,4: ✔ 1 done, ✘ 1 failed")
+    first, second = (p.value for p in view.panes)
+    assert "[worker1] hi from 1" in first and "[worker2] hi from 2" in first
+    assert "[worker3] hi from 3" in second and "worker1" not in second
 
 
 # -- where no widget can show ------------------------------------------------------------------

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from nbdist.output.aggregate import Aggregator, rank_set
+from nbdist.output.aggregate import Aggregator
 from nbdist.output.router import Router
 
 W = 0.1
@@ -24,22 +24,6 @@ def _per_rank(shown: list[tuple]) -> dict[int, list[str]]:
         for r in ranks:
             out.setdefault(r, []).append(text)
     return out
-
-
-# -- rank sets ----------------------------------------------------------------------------------
-@pytest.mark.parametrize("names, text", [
-    ([f"worker{r}" for r in range(1, 13)], "worker1-12"),
-    (["worker1", "worker2", "worker3", "worker4", "worker7"], "worker1-4,7"),
-    (["worker1", "worker2"], "worker1,2"),  # a pair stays a pair
-    (["worker3"], "worker3"),
-    (["ps", "trainer2", "trainer3", "trainer4"], "ps,trainer2-4"),
-    (["obs1", "obs2", "obs3", "learner4", "obs5"], "obs1-3,5,learner4"),
-    (["ps", "agent"], "ps,agent"),
-    (["node01", "node02"], "node01,2"),  # a leading zero stays in the stem
-    (["w10", "w11", "w12", "w9"], "w9-12"),
-])
-def test_rank_sets_are_written_compactly(names, text):
-    assert rank_set(names) == text
 
 
 # -- the rule -----------------------------------------------------------------------------------

@@ -221,3 +221,70 @@ def test_series_store_loads_a_large_history_and_snapshots_stay_small():
         store.detach()
     finally:
         records.clear_history()
+
+
+# -- big worlds (issue 52): a band of the ranks' curves, a bar per group of alike ranks -------
+def _many(ranks: int = 255, n: int = 400, stray: int = 77) -> dict:
+    rng = np.random.default_rng(0)
+    steps = list(range(n))
+    return {r: (steps, (np.sin(np.arange(n) / 30) + 0.05 * rng.standard_normal(n)
+                        + (3.0 if r == stray else 0.0)).tolist()) for r in range(1, ranks + 1)}
+
+
+def test_past_the_threshold_a_value_is_a_band_with_the_stray_rank_named():
+    from nbdist.display import bands
+
+    curves = _many()
+    b = bands.band({r: (np.asarray(x), np.asarray(y)) for r, (x, y) in curves.items()})
+    assert b.strays == [77] and len(b.ranks) == 255 and len(b.steps) == bands.POINTS
+    assert np.all(b.lo <= b.mid) and np.all(b.mid <= b.hi) and b.hi.max() > 3.5
+    names = {r: f"worker{r}" for r in curves}
+    fig = render.metrics_figure(render.Snapshot(series={"reward": curves}, names=names))
+    ax = fig.axes[0]
+    assert len(ax.lines) == 2 and len(ax.collections) == 1  # the median, the stray, the band
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert labels == ["min-max of 255 ranks", "median of worker1-255", "worker77 (rank 77)"]
+    few = render.metrics_figure(render.Snapshot(series={"reward": dict(list(curves.items())[:16])}))
+    assert len(few.axes[0].lines) == 32  # 16 ranks: raw and mean each, as before
+
+
+def test_a_band_of_alike_ranks_names_none_and_its_artists_do_not_grow_with_ranks():
+    from nbdist.display import bands
+
+    alike = {r: (np.arange(50.0), np.zeros(50)) for r in range(1, 300)}
+    assert bands.band(alike).strays == []
+    assert bands.band({}).steps.size == 0
+    for ranks in (32, 255):
+        fig = render.metrics_figure(render.Snapshot(series={"v": _many(ranks, stray=0)}))
+        assert len(fig.axes[0].lines) == 1 and len(fig.axes[0].collections) == 1
+
+
+def test_status_of_256_ranks_is_a_bar_per_group_odd_ones_first():
+    rows = [{"rank": 0, "name": "agent", "alive": True, "state": "notebook", "cpu": 5.0,
+             "mem_mb": 900.0, "host": None}]
+    for r in range(1, 256):
+        dead = r == 9
+        rows.append({"rank": r, "name": f"worker{r}", "alive": not dead,
+                     "state": "killed by SIGKILL" if dead else "alive",
+                     "cpu": None if dead else 1.0, "mem_mb": None if dead else 400.0 + r % 3,
+                     "host": None})
+    lines = render.status_lines(rows)
+    assert [(x.ranks, x.state) for x in lines] == [
+        ("0", "notebook"), ("9", "killed by SIGKILL"), ("1-8,10-255", "alive, 254 ranks")]
+    assert lines[2].label == "worker1-8,10-255" and lines[2].mem == "400-402"
+    fig = render.status_figure(render.Snapshot(rows=rows))
+    assert len(fig.axes[0].patches) == 3
+    page = render.status_html(rows)
+    assert page.count("<tr") == 4 and "worker1-8,10-255" in page and "color:#b00" in page
+    assert len(render.status_lines(rows[:17])) == 17  # 16 workers: a bar each, as before
+
+
+def test_rpc_panels_past_the_threshold_are_bands_naming_the_slow_destination():
+    samples = [(100.0 + i / 10, "agent", f"worker{d}", "step", 0.050 if d == 30 else 0.001, 8)
+               for d in range(1, 65) for i in range(40)]
+    fig = render.latency_figure(render.Snapshot(samples=sorted(samples)))
+    ax_lat, ax_rate = fig.axes
+    assert ax_lat.get_title(loc="left") == "RPC p50 latency, 64 destinations"
+    labels = [t.get_text() for t in ax_lat.get_legend().get_texts()]
+    assert labels == ["min-max of 64 destinations", "median of worker1-64", "worker30"]
+    assert len(ax_lat.lines) == 2 and len(ax_rate.collections) == 1

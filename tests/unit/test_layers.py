@@ -16,7 +16,7 @@ PKG = ROOT / "nbdist"
 # both sides of a feature gives the ranks' side its own, lower layer (the longest name wins).
 LAYERS = {
     "devices": 0, "envflag": 0, "errors": 0, "linux": 0, "spec": 0, "table": 0,
-    "tracebacks": 0, "world_state": 0,
+    "rank_sets": 0, "tracebacks": 0, "world_state": 0,
     "patches": 1, "shipping": 1, "shm": 1, "groups": 1, "telemetry": 1,
     "proc": 2, "control": 2, "hosts": 2,
     "output.rank_streams": 2, "comms.channel_comm": 2, "debugging.remote_pdb": 2,

@@ -173,3 +173,27 @@ def test_public_api_and_magic_are_wired(ipython):
     assert nbdist.rpc_stats is tracing.rpc_stats
     assert {"dashboard", "rpc_stats"} <= set(nbdist.__all__)
     assert "dist_dashboard" in ipython.magics_manager.magics["line"]
+
+
+def test_a_real_worlds_values_past_the_threshold_draw_as_a_band_naming_the_stray(world):
+    """Issue 52: values logged by 4 real ranks, drawn with the band's threshold lowered to 2:
+    one band, its median, and rank 3 (which logs 100 more) named on a line of its own."""
+    from nbdist.display import render
+
+    c = world(4)
+    c.run("import os, nbdist\nrank = int(os.environ['NBDIST_RANK'])\n"
+          "for i in range(50):\n    nbdist.log(reward=i + (100 if rank == 3 else 0))\n",
+          show=False)
+    d = Dashboard(widgets=False)
+    try:
+        wait_until(lambda: sorted(d.snapshot().series.get("reward", {})) == [1, 2, 3, 4], 30,
+                   "every rank's values")
+        snap = d.snapshot()
+        fig = render.new_figure(3)
+        ax = fig.add_subplot(1, 1, 1)
+        render.draw_metric(ax, snap.series["reward"], "reward", snap.names, band_above=2)
+        labels = [t.get_text() for t in ax.get_legend().get_texts()]
+        assert labels == ["min-max of 4 ranks", "median of worker1-4", "worker3 (rank 3)"]
+        assert render.to_png(fig).startswith(PNG)
+    finally:
+        d.close()

@@ -67,3 +67,42 @@ def test_template_row_of_a_gone_template(world):
     assert row["state"] == "gone" and not row["alive"] and row["mem_mb"] is None
     page = collect_status(c, template_pid=proc.pid)._repr_html_()
     assert '<tr style="color:#b00"><td>-</td><td>template</td>' in page
+
+
+def test_a_world_past_the_threshold_groups_alike_ranks_and_names_the_dead_first(world):
+    """Issue 52: with the threshold lowered to 2 workers, a real world of 4 shows its alike
+    workers on one line, and a killed one on a line of its own, before them. (A worker busy
+    at the moment of sampling stands out on a line of its own: the test allows for it.)"""
+    import signal
+
+    from conftest import wait_until
+
+    from nbdist.rank_sets import spans
+
+    def lines() -> list[list[str]]:
+        table = collect_status(c)
+        table.small = 2
+        rows = _text_rows(table)
+        assert rows[0][:3] == ["ranks", "names", "n"] and rows[-1] == ["world: running"]
+        assert rows[1][:5] == ["0", "worker0", "1", str(os.getpid()), "notebook"]
+        return rows[2:-1]
+
+    c = world(4)
+    alive = lines()
+    assert all(r[4].startswith("alive") for r in alive)
+    assert spans(int(n) for r in alive for n in spans_of(r[0])) == "1-4"
+    assert len(alive) < 4 or alive[-1][:3] == ["1-4", "worker1-4", "4"]
+    os.kill(c.ranks[3].pid, signal.SIGKILL)
+    wait_until(lambda: not collect_status(c).alive()[3], 10, "rank 3 seen dead")
+    after = lines()
+    assert after[0][:3] == ["3", "worker3", "1"] and "killed by SIGKILL" in after[0][4]
+    assert spans(int(n) for r in after[1:] for n in spans_of(r[0])) == "1,2,4"
+
+
+def spans_of(text: str) -> list[int]:
+    """``1,2,4`` or ``1-4`` -> the numbers."""
+    out: list[int] = []
+    for part in text.split(","):
+        a, _, b = part.partition("-")
+        out += range(int(a), int(b or a) + 1)
+    return out
