@@ -10,7 +10,8 @@ growth and the children's PSS, or the failure (rank 0's error, how many children
 ``python _scale_child.py nbdist N [HOSTS PER_HOST]``: ``nbdist.start(N - 1)`` (or, with HOSTS,
 rank 0 alone here and HOSTS fake hosts of PER_HOST ranks each, ``tests/fakehosts.py``); then a
 restart, a trivial cell, a view call, a print on every rank, ``%dist_status`` and the stop,
-each timed, with the control frames and bytes the notebook sent for each (its
+each timed, with the notebook's own CPU time and the control frames and bytes it sent for
+each (its
 ``Channel``'s writes, counted by wrapping them here: nothing in nbdist is changed), rank 0's
 RSS growth and each worker's PSS.
 """
@@ -148,9 +149,11 @@ class _Frames:
 
 def _timed(out: dict, key: str, frames: _Frames, fn: Any) -> Any:
     mark = frames.mark()
+    cpu0 = time.process_time()
     t0 = time.perf_counter()
     value = fn()
     out[f"{key}_ms"] = round((time.perf_counter() - t0) * 1e3, 2)
+    out[f"{key}_cpu_ms"] = round((time.process_time() - cpu0) * 1e3, 2)  # the notebook's own
     out[f"{key}_sent"] = frames.since(mark)
     return value
 

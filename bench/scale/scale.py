@@ -65,6 +65,11 @@ def _fmt(row: dict, key: str, scale: float = 1.0, digits: int = 2) -> str:
     return "" if value is None else f"{value * scale:.{digits}f}"
 
 
+def _cpu(row: dict, key: str) -> str:
+    cpu = row.get(f"{key}_cpu_ms")
+    return "" if cpu is None else f" ({cpu:.1f})"
+
+
 def _sent(row: dict, key: str) -> str:
     sent = row.get(f"{key}_sent")
     return "" if not sent else f"{sent['frames']} / {sent['bytes'] / 1024:.0f} KB"
@@ -82,7 +87,8 @@ def _markdown(rows: list[dict], commit: str) -> str:
         "the pages all ranks share (torch's code: the fewer ranks, the larger the share); its "
         "private MB is what one more rank costs.",
         "",
-        "| who | N | start s | restart s | cell ms | view ms | print ms (lines shown) | "
+        "| who | N | start s | restart s | cell ms (notebook CPU) | view ms (CPU) | "
+        "print ms (lines shown) | "
         "status ms | stop ms | cell frames / bytes | view frames / bytes | rank 0 MB per peer"
         " | worker PSS MB (median, max) | worker private MB | failure |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
@@ -95,7 +101,8 @@ def _markdown(rows: list[dict], commit: str) -> str:
         shown = f" ({r['print_lines_shown']})" if "print_lines_shown" in r else ""
         lines.append(
             f"| {r.get('who', '?')} | {r['n']} | {_fmt(r, 'start_s')} | {_fmt(r, 'restart_s')}"
-            f" | {_fmt(r, 'cell_ms', digits=1)} | {_fmt(r, 'view_ms', digits=1)} | "
+            f" | {_fmt(r, 'cell_ms', digits=1)}{_cpu(r, 'cell')} | "
+            f"{_fmt(r, 'view_ms', digits=1)}{_cpu(r, 'view')} | "
             f"{_fmt(r, 'print_ms', digits=1)}{shown} | {_fmt(r, 'status_ms', digits=1)} | "
             f"{_fmt(r, 'stop_ms', digits=0)} | {_sent(r, 'cell')} | {_sent(r, 'view')} | "
             f"{_fmt(r, 'rank0_mb_per_peer')} | "
