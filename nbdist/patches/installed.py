@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["HOOKS", "Hooks", "first_time", "has"]
+__all__ = ["HOOKS", "Hooks", "first_time", "forget", "has"]
 
 _DONE: set[str] = set()
 _LOCK = threading.Lock()
@@ -27,6 +27,12 @@ def first_time(name: str) -> bool:
             return False
         _DONE.add(name)
         return True
+
+
+def forget(name: str) -> None:
+    """``name`` was uninstalled: the next ``first_time(name)`` is True again."""
+    with _LOCK:
+        _DONE.discard(name)
 
 
 def has(name: str) -> bool:

@@ -31,12 +31,14 @@ import cloudpickle
 
 from .. import world_state
 from ..patches import torch_private
-from ..patches.installed import first_time, has
+from ..patches.installed import first_time, forget, has
+from ..patches.replaced import replace, restore
 from ..shipping import fresh_locks, own_main, per_rank, unpicklable
 from ..shm import transport as shm
 from .code_filename import reduce_code
 
-__all__ = ["CODE_WAIT", "dumps", "forget_peers", "install", "installed", "register_patched"]
+__all__ = ["CODE_WAIT", "dumps", "forget_peers", "install", "installed", "register_patched",
+           "uninstall"]
 
 
 
@@ -49,6 +51,8 @@ def _cached_submodules(code: types.CodeType, deps: Any) -> list:
 
     cloudpickle walks all of ``sys.modules`` (thousands of entries once torch is loaded) for
     every by-value function that names a module; in an RL loop that is milliseconds per RPC.
+    Only nbdist's own pickling asks it (``_dynamic_state``): cloudpickle's own function, which
+    other users of cloudpickle in the process (Ray, Dask) reach, stays as it is.
     """
     deps = list(deps)
     names = tuple(d.__name__ for d in deps if isinstance(d, types.ModuleType))
@@ -64,9 +68,6 @@ def _cached_submodules(code: types.CodeType, deps: Any) -> list:
         _SUBMODULE_CACHE.clear()
     _SUBMODULE_CACHE[key] = (loaded, found)
     return found
-
-
-cloudpickle.cloudpickle._find_imported_submodules = _cached_submodules
 
 
 def _cell_source(filename: str) -> list[str] | None:
@@ -650,10 +651,19 @@ def install() -> None:
     names.thread_tables = internal._thread_local_tensor_tables
     shm.use_tables(names.thread_tables)
     pickler = internal._internal_rpc_pickler
-    pickler.serialize = types.MethodType(_serialize, pickler)
-    api._to_worker_info = _wrap_to_worker_info(api._to_worker_info)
-    api._invoke_rpc_python_udf = _wrap_invoke(api._invoke_rpc_python_udf)
-    api._invoke_remote_python_udf = _wrap_invoke(api._invoke_remote_python_udf)
+    replace("shipping", pickler, "serialize", types.MethodType(_serialize, pickler))
+    replace("shipping", api, "_to_worker_info", _wrap_to_worker_info(api._to_worker_info))
+    for name in ("_invoke_rpc_python_udf", "_invoke_remote_python_udf"):
+        replace("shipping", api, name, _wrap_invoke(getattr(api, name)))
+
+
+def uninstall() -> list[str]:
+    """torch's RPC pickles with its own pickler again; what stayed (another feature's wrapper
+    on top: uninstall that first)."""
+    left = restore("shipping")
+    if not left:
+        forget("shipping")
+    return left
 
 
 def installed() -> bool:

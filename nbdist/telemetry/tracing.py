@@ -25,7 +25,8 @@ from typing import Any
 from .. import world_state
 from ..envflag import switched_on
 from ..patches import torch_private
-from ..patches.installed import first_time
+from ..patches.installed import first_time, forget
+from ..patches.replaced import replace, restore
 from ..patches.thread_states import pin
 from ..table import html_table, human_bytes, text_table
 from . import records
@@ -43,6 +44,7 @@ __all__ = [
     "samples",
     "set_peers",
     "total_calls",
+    "uninstall",
     "version",
 ]
 
@@ -357,15 +359,29 @@ def install(rank: int, name: str) -> None:
         _TORCH_PER_PROCESS.Tensor = torch.Tensor
         _TORCH_PER_PROCESS.proxy_funcs = (rref_proxy._local_invoke,
                                           rref_proxy._local_invoke_async_execution)
-        api.PythonUDF = _wrap_python_udf(api.PythonUDF)
-        api._invoke_rpc_python_udf = _wrap_invoke_udf(api._invoke_rpc_python_udf, False)
-        api._invoke_remote_python_udf = _wrap_invoke_udf(api._invoke_remote_python_udf, True)
-        api._invoke_rpc_builtin = _wrap_rpc_builtin(api._invoke_rpc_builtin)
-        api._invoke_remote_builtin = _wrap_remote_builtin(api._invoke_remote_builtin)
-        api._invoke_rpc_torchscript = _wrap_rpc_script(api._invoke_rpc_torchscript)
-        api._invoke_remote_torchscript = _wrap_remote_script(api._invoke_remote_torchscript)
-        PyRRef.to_here = _wrap_to_here(PyRRef.to_here)
-        api.rpc_sync = rpc.rpc_sync = _wrap_rpc_sync(api.rpc_sync)
+        wrappers = {(api, "PythonUDF"): _wrap_python_udf,
+                    (api, "_invoke_rpc_python_udf"): lambda f: _wrap_invoke_udf(f, False),
+                    (api, "_invoke_remote_python_udf"): lambda f: _wrap_invoke_udf(f, True),
+                    (api, "_invoke_rpc_builtin"): _wrap_rpc_builtin,
+                    (api, "_invoke_remote_builtin"): _wrap_remote_builtin,
+                    (api, "_invoke_rpc_torchscript"): _wrap_rpc_script,
+                    (api, "_invoke_remote_torchscript"): _wrap_remote_script,
+                    (PyRRef, "to_here"): _wrap_to_here}
+        for (owner, attr), wrap in wrappers.items():
+            replace("tracing", owner, attr, wrap(getattr(owner, attr)))
+        rpc_sync = _wrap_rpc_sync(api.rpc_sync)
+        for module in (api, rpc):
+            replace("tracing", module, "rpc_sync", rpc_sync)
+
+
+def uninstall() -> list[str]:
+    """torch's RPC entry points untimed again; what stayed in place (another feature's
+    wrapper on top: uninstall that first)."""
+    with _install_lock:
+        left = restore("tracing")
+        if not left:
+            forget("tracing")
+    return left
 
 
 def set_peers(peers: Callable[[], list[str]] | None) -> None:
