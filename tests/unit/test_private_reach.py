@@ -126,3 +126,76 @@ def test_the_scan_finds_a_reach_of_each_kind():
     assert not _registered("cloudpickle.cloudpickle._hidden", names)
     assert _registered("torch.distributed.rpc.api._invoke_rpc", names)
     assert _registered("torch.distributed.rpc.internal._internal_rpc_pickler", names)
+
+
+# -- replacing torch's and cloudpickle's attributes: only patches/ does it -----------------
+PATCHES = PACKAGE / "patches"
+# modules outside patches/ that still replace attributes (through patches.replaced): this
+# list only shrinks (issue 53 item 1: their wrappers move into patches/, merged with the
+# patches that wrap the same functions)
+STILL_REPLACING = {"shipping/pickler.py", "telemetry/tracing.py"}
+
+
+def assignments(tree: ast.AST) -> Iterator[tuple[str, int]]:
+    """Each torch or cloudpickle attribute the code assigns or deletes (``a.b = x``,
+    ``del a.b``, ``setattr(a, "b", x)``), and its line."""
+    aliases = _aliases(tree)
+    for node in ast.walk(tree):
+        targets: list[ast.AST] = []
+        if isinstance(node, ast.Assign):
+            targets = list(node.targets)
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets = [node.target]
+        elif isinstance(node, ast.Delete):
+            targets = list(node.targets)
+        while targets:
+            t = targets.pop()
+            if isinstance(t, (ast.Tuple, ast.List)):  # a.b, c = ...
+                targets.extend(t.elts)
+            elif isinstance(t, ast.Starred):
+                targets.append(t.value)
+            elif isinstance(t, ast.Attribute) and (path := _dotted(t, aliases)):
+                yield path, node.lineno
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+                and node.func.id in ("setattr", "delattr") and node.args:
+            base = node.args[0]
+            path = _dotted(base, aliases) if isinstance(base, ast.Attribute) else \
+                aliases.get(getattr(base, "id", ""))
+            if path:
+                yield path, node.lineno
+
+
+def _replacing(tree: ast.AST) -> bool:
+    """Whether the module calls ``patches.replaced.replace``."""
+    return any(isinstance(n, ast.ImportFrom) and n.module and n.module.endswith(
+        "patches.replaced") for n in ast.walk(tree))
+
+
+def test_nothing_outside_patches_assigns_to_torch_or_cloudpickle():
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if PATCHES in path.parents:
+            continue
+        for dotted, line in assignments(ast.parse(path.read_text())):
+            found[f"{path.relative_to(PACKAGE).as_posix()}:{line}"] = dotted
+    assert not found, f"attributes of torch or cloudpickle replaced outside patches/: {found}"
+
+
+def test_only_the_listed_modules_outside_patches_replace_attributes():
+    replacing = {path.relative_to(PACKAGE).as_posix() for path in PACKAGE.rglob("*.py")
+                 if PATCHES not in path.parents and _replacing(ast.parse(path.read_text()))}
+    assert replacing <= STILL_REPLACING, f"new modules replacing torch's attributes outside " \
+                                         f"patches/: {replacing - STILL_REPLACING}"
+    moved = STILL_REPLACING - replacing
+    assert not moved, f"moved into patches/: drop {moved} from STILL_REPLACING"
+
+
+def test_the_assignment_scan_sees_each_kind():
+    source = ("import torch.distributed.rpc as rpc\nfrom torch.distributed.rpc import api\n"
+              "import cloudpickle\n"
+              "def f():\n    api.rpc_sync = 1\n    rpc.api._x, y = 2, 3\n"
+              "    setattr(cloudpickle.cloudpickle, 'z', 4)\n    del api.remote\n"
+              "    table = {}\n    table[api.rpc_sync] = 5\n")
+    assert sorted(p for p, _ in assignments(ast.parse(source))) == [
+        "cloudpickle.cloudpickle", "torch.distributed.rpc.api._x",
+        "torch.distributed.rpc.api.remote", "torch.distributed.rpc.api.rpc_sync"]

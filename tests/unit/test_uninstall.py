@@ -35,7 +35,7 @@ def changed(before):
 torch_own = snapshot()
 from nbdist.patches import no_rpc, process_group, rpc_hooks, rpc_rerun, thread_states
 from nbdist.shipping import pickler
-from nbdist.spawn import patch
+from nbdist.patches import mp_spawn as patch
 from nbdist.telemetry import tracing
 out = {"import": changed(torch_own)}
 features = [  # install order, as a world's start has it (then reversed to uninstall)
@@ -122,3 +122,20 @@ def test_plain_cloudpickle_pickles_the_same_beside_nbdist():
     out = _run(PLAIN)
     assert out["imported"] == out["alone"]
     assert out["in_use"] == out["alone"]
+
+
+def test_the_gloo_bound_holds_inside_and_torchs_timeout_comes_back():
+    from datetime import timedelta
+
+    import pytest
+    from torch.distributed.rpc import constants
+
+    from nbdist.patches import gloo_timeout
+
+    torch_own = constants.DEFAULT_PROCESS_GROUP_TIMEOUT
+    with gloo_timeout.bounded(7.0):
+        assert constants.DEFAULT_PROCESS_GROUP_TIMEOUT == timedelta(seconds=7)
+    assert constants.DEFAULT_PROCESS_GROUP_TIMEOUT is torch_own
+    with pytest.raises(RuntimeError), gloo_timeout.bounded(3.0):
+        raise RuntimeError("a join that failed")
+    assert constants.DEFAULT_PROCESS_GROUP_TIMEOUT is torch_own

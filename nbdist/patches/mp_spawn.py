@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..envflag import switched_on
-from ..patches import on_import
-from ..patches.replaced import replace, restore
+from . import on_import
+from .replaced import replace, restore
 
 __all__ = ["DECLINE", "ENV", "attach", "install", "installed", "original", "uninstall"]
 
