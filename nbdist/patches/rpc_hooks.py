@@ -246,27 +246,39 @@ def install_caller() -> None:
 
     original = api.rpc_sync
 
+    hooks = HOOKS
+
     @api._require_initialized
     def rpc_sync(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT):
+        timing = hooks.sync_timing  # tracing's timing: in this one wrapper, not one more
+        timed = False
+        if timing is not None and timing.switch.on:
+            tls = timing.tls
+            if not tls.paused:
+                tls.sync = timed = True
         try:
-            fut = api._invoke_rpc(to, func, api.RPCExecMode.SYNC, args, kwargs, timeout)
-        except RuntimeError as exc:
-            _explain_cuda_tensor(exc)
-            _explain_transport_error(exc, to)
-            raise
-        try:
-            value = wait_future(fut, to)
-        except KeyboardInterrupt:
-            raise  # Ctrl-C returns at once; the output follows when it comes
-        except BaseException:
-            world_state.part(_LastFailed).to = to
             try:
-                _tell_replied(to)
+                fut = api._invoke_rpc(to, func, api.RPCExecMode.SYNC, args, kwargs, timeout)
+            except RuntimeError as exc:
+                _explain_cuda_tensor(exc)
+                _explain_transport_error(exc, to)
+                raise
+            try:
+                value = wait_future(fut, to)
             except KeyboardInterrupt:
-                pass  # the call's own error is what the caller sees
-            raise
-        _tell_replied(to)  # Ctrl-C here raises, as it would a moment later
-        return value
+                raise  # Ctrl-C returns at once; the output follows when it comes
+            except BaseException:
+                world_state.part(_LastFailed).to = to
+                try:
+                    _tell_replied(to)
+                except KeyboardInterrupt:
+                    pass  # the call's own error is what the caller sees
+                raise
+            _tell_replied(to)  # Ctrl-C here raises, as it would a moment later
+            return value
+        finally:
+            if timed:
+                timing.end()
 
     rpc_sync.__doc__ = original.__doc__
     rpc_sync.__wrapped__ = original  # type: ignore[attr-defined]

@@ -55,9 +55,10 @@ for name, install, _ in features:
     install()
     out["each"][name] = changed(before)
 out["installed"] = changed(torch_own)
+out["one_layer"] = api.rpc_sync.__wrapped__ is torch_own["api"]["rpc_sync"]
 before = snapshot()
-out["refused"] = rpc_hooks.uninstall_caller()  # tracing's rpc_sync is on top of the caller's
-out["refused_changed"] = changed(before)  # ... so the caller's stays whole
+out["refused"] = pickler.uninstall()  # tracing's _invoke_*_python_udf are on top of its own
+out["refused_changed"] = changed(before)  # ... so the shipping feature stays whole
 out["left"] = {}
 for name, _, uninstall in reversed(features):
     out["left"][name] = uninstall()
@@ -81,11 +82,14 @@ def test_every_feature_uninstalls_to_torchs_and_cloudpickles_own_objects():
     assert out["import"] == []  # importing nbdist's patches changes nothing
     for name, replaced in out["each"].items():
         assert replaced, f"{name} replaced nothing: this test would not see it come back"
-    assert "api.rpc_sync" in out["each"]["caller"] and "api.rpc_sync" in out["each"]["tracing"]
+    # rpc_sync is wrapped once, for the caller and tracing both
+    assert "api.rpc_sync" in out["each"]["caller"]
+    assert "api.rpc_sync" not in out["each"]["tracing"]
+    assert out["one_layer"]  # ... and over torch's own: no wrapper between
     assert "rpc pickler.serialize" in out["each"]["shipping"]
     assert "PyRRef.to_here" in out["each"]["tracing"]
-    assert sorted(out["refused"]) == ["torch.distributed.rpc.api.rpc_sync",
-                                      "torch.distributed.rpc.rpc_sync"]
+    assert sorted(out["refused"]) == ["torch.distributed.rpc.api._invoke_remote_python_udf",
+                                      "torch.distributed.rpc.api._invoke_rpc_python_udf"]
     assert out["refused_changed"] == []
     assert out["left"] == {name: [] for name in out["each"]}
     assert out["after"] == [], "left replaced after every uninstall"
