@@ -13,8 +13,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from datetime import timedelta
+from collections.abc import Callable
 from typing import Any
 
 from ..control.channel import HandshakeError, Listener
@@ -25,7 +24,7 @@ from ..groups import torchrun_env
 from ..hosts.launch import describe_exit
 from ..hosts.netif import Interface
 from ..output.router import Router, StatusLine
-from ..patches import quiet, rpc_hooks, rref_reset, tp_address
+from ..patches import gloo_timeout, quiet, rpc_hooks, rref_reset, tp_address
 from ..patches.torch_private import report_once, usable
 from ..proc import membership
 from ..proc.rank_config import RankConfig
@@ -393,20 +392,9 @@ class Rank0(membership.Steps):
         self.rpc_up = False
 
 
-@contextlib.contextmanager
-def _gloo_timeout(seconds: float) -> Iterator[None]:
+def _gloo_timeout(seconds: float) -> contextlib.AbstractContextManager[None]:
     """Bound the Gloo group ``init_rpc`` builds (torch gives it 24 days) while rank 0 joins."""
-    from torch.distributed.rpc import constants
-
-    if not usable("start_timeout"):
-        yield
-        return
-    saved = constants.DEFAULT_PROCESS_GROUP_TIMEOUT
-    constants.DEFAULT_PROCESS_GROUP_TIMEOUT = timedelta(seconds=seconds)
-    try:
-        yield
-    finally:
-        constants.DEFAULT_PROCESS_GROUP_TIMEOUT = saved
+    return gloo_timeout.bounded(seconds)
 
 
 class torch_iface:  # noqa: N801 - used as a context manager, like a function

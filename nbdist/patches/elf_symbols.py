@@ -1,5 +1,10 @@
 """Symbols of libtorch's ELF symbol table, for the few process-wide statics nbdist must reset
-between worlds (``rref_reset``, ``rpc_barrier``, ``tp_address``)."""
+between worlds (``rref_reset``, ``rpc_barrier``, ``tp_address``).
+
+A static is written only where the table says it is an object of the size nbdist expects
+(``statics``): a torch whose layout changed turns the feature off instead of having its memory
+overwritten. Each writer also reads the value's layout before it writes and reads it back after.
+"""
 
 from __future__ import annotations
 
@@ -9,11 +14,22 @@ import os
 import struct
 import sys
 from functools import cache
+from typing import NamedTuple
 
-__all__ = ["elf_symbols", "in_libtorch", "libtorch_cpu"]
+__all__ = ["OBJECT", "Symbol", "elf_symbols", "in_libtorch", "libtorch_cpu", "statics"]
 
 # an exported function of libtorch_cpu.so: where the dynamic loader put it gives the base
 _ANCHOR = "_ZN5torch11distributed3rpc11RRefContext11getInstanceEv"
+OBJECT = 1  # STT_OBJECT: a variable (STT_FUNC is 2)
+
+
+class Symbol(NamedTuple):
+    """One ``.symtab`` entry: ``address`` (``st_value`` in the file, where it lies in this
+    process once ``in_libtorch`` moved it), ``size`` in bytes, ``kind`` (its STT_ type)."""
+
+    address: int
+    size: int
+    kind: int
 
 
 def libtorch_cpu() -> str:
@@ -23,8 +39,8 @@ def libtorch_cpu() -> str:
     return os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so")
 
 
-def elf_symbols(path: str, names: list[str]) -> dict[str, int]:
-    """``st_value`` of each named symbol in the ELF ``.symtab`` of ``path``."""
+def elf_symbols(path: str, names: list[str]) -> dict[str, Symbol]:
+    """Each named symbol of the ELF ``.symtab`` of ``path`` (those it has)."""
     import numpy as np
 
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
@@ -48,15 +64,18 @@ def elf_symbols(path: str, names: list[str]) -> dict[str, int]:
                           ("value", "<u8"), ("size", "<u8")])
         table = np.frombuffer(mm, dtype=dtype, count=symtab[5] // 24, offset=symtab[4])
         hits = np.nonzero(np.isin(table["name"], np.array(list(wanted), dtype="<u4")))[0]
-        found = {wanted[int(table["name"][i])]: int(table["value"][i]) for i in hits}
+        found = {wanted[int(table["name"][i])]: Symbol(int(table["value"][i]),
+                                                       int(table["size"][i]),
+                                                       int(table["info"][i]) & 0xF)
+                 for i in hits}
         del table
         return found
 
 
 @cache
-def in_libtorch(*names: str) -> tuple[int, ...] | None:
-    """Where each named symbol of the loaded ``libtorch_cpu.so`` lies in this process, in the
-    order given; None off Linux or if any is missing (another torch build)."""
+def in_libtorch(*names: str) -> tuple[Symbol, ...] | None:
+    """Each named symbol of the loaded ``libtorch_cpu.so``, at its address in this process,
+    in the order given; None off Linux or if any is missing (another torch build)."""
     if not sys.platform.startswith("linux"):
         return None
     path = libtorch_cpu()
@@ -67,5 +86,15 @@ def in_libtorch(*names: str) -> tuple[int, ...] | None:
         return None
     if len(syms) != len({_ANCHOR, *names}) or not anchor:
         return None
-    base = anchor - syms[_ANCHOR]
-    return tuple(base + syms[name] for name in names)
+    base = anchor - syms[_ANCHOR].address
+    return tuple(syms[name]._replace(address=base + syms[name].address) for name in names)
+
+
+def statics(*layout: tuple[str, int]) -> tuple[int, ...] | None:
+    """Where each ``(symbol, size)`` of libtorch lies in this process, in the order given;
+    None unless every one is there as an object of exactly that many bytes."""
+    found = in_libtorch(*(name for name, _ in layout))
+    if found is None or any(sym.kind != OBJECT or sym.size != size
+                            for sym, (_, size) in zip(found, layout, strict=True)):
+        return None
+    return tuple(sym.address for sym in found)

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["HOOKS", "Hooks", "first_time", "has"]
+__all__ = ["HOOKS", "Hooks", "SyncTiming", "first_time", "forget", "has"]
 
 _DONE: set[str] = set()
 _LOCK = threading.Lock()
@@ -29,6 +29,12 @@ def first_time(name: str) -> bool:
         return True
 
 
+def forget(name: str) -> None:
+    """``name`` was uninstalled: the next ``first_time(name)`` is True again."""
+    with _LOCK:
+        _DONE.discard(name)
+
+
 def has(name: str) -> bool:
     """Whether ``name`` was installed in this process."""
     return name in _DONE
@@ -38,10 +44,23 @@ def has(name: str) -> bool:
 class Hooks:
     """What the installed RPC patches call into, set by the process that owns them (the
     worker): ``after_call()`` when an RPC function returns, before its reply;
-    ``on_failure(exc, traceback)`` for each exception one raised."""
+    ``on_failure(exc, traceback)`` for each exception one raised; ``sync_timing``: how the
+    caller's one ``rpc_sync`` wrapper times each call for tracing."""
 
     after_call: Callable[[], None] | None = None
     on_failure: Callable[[BaseException, Any], None] | None = None
+    sync_timing: SyncTiming | None = None
+
+
+@dataclass
+class SyncTiming:
+    """Tracing's part of ``rpc_sync``, read inline on the hot path (no call unless timed):
+    time the call where ``switch.on`` and not ``tls.paused``, by setting ``tls.sync``, and
+    call ``end()`` as it returns."""
+
+    switch: Any
+    tls: Any
+    end: Callable[[], None]
 
 
 HOOKS = Hooks()

@@ -17,6 +17,7 @@ from typing import Any
 
 from ..errors import NoRpcError
 from . import torch_private
+from .replaced import replace, restore
 
 __all__ = ["BUILD", "FLAG", "active", "agent_set", "check", "enter", "leave"]
 
@@ -58,19 +59,18 @@ def enter(reason: str) -> None:
         from torch.distributed.rpc import api
 
         _NO_RPC.wrapper_code = api._require_initialized(lambda: None).__code__
-        _NO_RPC.original = _NO_RPC.torch = api._is_current_rpc_agent_set
-        api._is_current_rpc_agent_set = _is_current_rpc_agent_set
+        _NO_RPC.original = _NO_RPC.torch = replace("no_rpc", api, "_is_current_rpc_agent_set",
+                                                   _is_current_rpc_agent_set)
 
 
-def leave() -> None:
-    """The world without RPC has ended: torch's RPC calls answer as torch's own again."""
+def leave() -> list[str]:
+    """The world without RPC has ended: torch's RPC calls answer as torch's own again (this
+    feature's uninstall); what stayed in place (another feature's wrapper on top)."""
     _NO_RPC.reason = None
-    original, _NO_RPC.original = _NO_RPC.original, None
-    if original is not None:
-        from torch.distributed.rpc import api
-
-        if api._is_current_rpc_agent_set is _is_current_rpc_agent_set:
-            api._is_current_rpc_agent_set = original
+    left = restore("no_rpc") if _NO_RPC.original is not None else []
+    if not left:
+        _NO_RPC.original = None
+    return left
 
 
 def agent_set() -> bool:

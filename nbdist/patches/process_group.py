@@ -28,9 +28,10 @@ from .. import world_state
 from ..envflag import switched_on
 from ..groups import graveyard, rendezvous
 from . import on_import, torch_private
+from .replaced import replace, restore
 
 __all__ = ["FLAG", "Membership", "attach", "destroy_own", "install",
-           "install_on_import", "installed", "torch_init"]
+           "install_on_import", "installed", "torch_init", "uninstall"]
 
 FLAG = "NBDIST_PATCH_PROCESS_GROUP"
 _PREFIX = "nbdist-user"
@@ -56,6 +57,7 @@ class _TorchOwn:
     init: Any = None
     destroy: Any = None
     signature: inspect.Signature | None = None
+    in_place: bool = False  # nbdist's functions are in torch's modules now (``uninstall``)
 
 
 @dataclass
@@ -101,7 +103,7 @@ def _world() -> _InWorld | None:
 
 
 def installed() -> bool:
-    return _TORCH_OWN_PER_PROCESS.init is not None
+    return _TORCH_OWN_PER_PROCESS.in_place
 
 
 def install() -> bool:
@@ -122,8 +124,19 @@ def install() -> bool:
     for module in (dist, c10d, sys.modules.get("torch.distributed.device_mesh")):
         for attr in ("init_process_group", "destroy_process_group"):
             if module is not None and getattr(module, attr, None) in mine:
-                setattr(module, attr, mine[getattr(module, attr)])
+                replace("process_group", module, attr, mine[getattr(module, attr)])
+    own.in_place = True
     return True
+
+
+def uninstall() -> list[str]:
+    """torch's own ``init_process_group`` and ``destroy_process_group`` again (names bound
+    from nbdist's meanwhile stay nbdist's, which act as torch's outside a world); what stayed
+    in place."""
+    left = restore("process_group")
+    if not left:
+        _TORCH_OWN_PER_PROCESS.in_place = False
+    return left
 
 
 def install_on_import() -> None:

@@ -6,22 +6,25 @@ that met through different numbers of graceful shutdowns before (the notebook an
 worker after two spawns, a fresh worker after none) wait for keys the others never write.
 ``restart`` sets it to 0, so every member of a fresh RPC group starts from the same number;
 call it only where no RPC agent runs. The static is found by name in libtorch's ELF symbol
-table, as ``rref_reset`` finds its own.
+table, as ``rref_reset`` finds its own, and written only where that table gives it 4 bytes
+and it reads as a count (not negative); the write is read back.
 """
 
 from __future__ import annotations
 
 import ctypes
 
-from .elf_symbols import in_libtorch
+from .elf_symbols import statics
+from .features import turn_off
 
 __all__ = ["available", "restart"]
 
 _BARRIER_ID = "_ZN5torch11distributed3rpcL9barrierIdE"  # static std::atomic<int>
+_LAYOUT = ((_BARRIER_ID, 4),)
 
 
 def _address() -> int | None:
-    found = in_libtorch(_BARRIER_ID)
+    found = statics(*_LAYOUT)
     return found[0] if found else None
 
 
@@ -35,5 +38,9 @@ def restart() -> bool:
     addr = _address()
     if addr is None:
         return False
-    ctypes.c_int32.from_address(addr).value = 0
-    return True
+    count = ctypes.c_int32.from_address(addr)
+    if count.value < 0:
+        return turn_off("restart", f"libtorch's rpc::barrierId reads {count.value}: left as it "
+                                   "was")
+    count.value = 0
+    return count.value == 0

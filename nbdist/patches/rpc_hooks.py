@@ -25,7 +25,8 @@ from typing import Any, Protocol
 
 from .. import world_state
 from . import torch_private
-from .installed import HOOKS, first_time
+from .installed import HOOKS, first_time, forget
+from .replaced import replace, restore
 from .thread_states import pin
 
 __all__ = [
@@ -39,6 +40,8 @@ __all__ = [
     "release_gathers",
     "reset_world_state",
     "set_on_failure",
+    "uninstall_callee",
+    "uninstall_caller",
     "wait_future",
 ]
 
@@ -243,36 +246,57 @@ def install_caller() -> None:
 
     original = api.rpc_sync
 
+    hooks = HOOKS
+
     @api._require_initialized
     def rpc_sync(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT):
+        timing = hooks.sync_timing  # tracing's timing: in this one wrapper, not one more
+        timed = False
+        if timing is not None and timing.switch.on:
+            tls = timing.tls
+            if not tls.paused:
+                tls.sync = timed = True
         try:
-            fut = api._invoke_rpc(to, func, api.RPCExecMode.SYNC, args, kwargs, timeout)
-        except RuntimeError as exc:
-            _explain_cuda_tensor(exc)
-            _explain_transport_error(exc, to)
-            raise
-        try:
-            value = wait_future(fut, to)
-        except KeyboardInterrupt:
-            raise  # Ctrl-C returns at once; the output follows when it comes
-        except BaseException:
-            world_state.part(_LastFailed).to = to
             try:
-                _tell_replied(to)
+                fut = api._invoke_rpc(to, func, api.RPCExecMode.SYNC, args, kwargs, timeout)
+            except RuntimeError as exc:
+                _explain_cuda_tensor(exc)
+                _explain_transport_error(exc, to)
+                raise
+            try:
+                value = wait_future(fut, to)
             except KeyboardInterrupt:
-                pass  # the call's own error is what the caller sees
-            raise
-        _tell_replied(to)  # Ctrl-C here raises, as it would a moment later
-        return value
+                raise  # Ctrl-C returns at once; the output follows when it comes
+            except BaseException:
+                world_state.part(_LastFailed).to = to
+                try:
+                    _tell_replied(to)
+                except KeyboardInterrupt:
+                    pass  # the call's own error is what the caller sees
+                raise
+            _tell_replied(to)  # Ctrl-C here raises, as it would a moment later
+            return value
+        finally:
+            if timed:
+                timing.end()
 
     rpc_sync.__doc__ = original.__doc__
     rpc_sync.__wrapped__ = original  # type: ignore[attr-defined]
-    api.rpc_sync = rpc_sync
-    rpc.rpc_sync = rpc_sync
+    for module in (api, rpc):
+        replace("caller", module, "rpc_sync", rpc_sync)
     for name in ("rpc_async", "remote"):
         wrapped = _explained(getattr(api, name))
-        setattr(api, name, wrapped)
-        setattr(rpc, name, wrapped)
+        for module in (api, rpc):
+            replace("caller", module, name, wrapped)
+
+
+def uninstall_caller() -> list[str]:
+    """torch's own ``rpc_sync``, ``rpc_async`` and ``remote`` again; what stayed in place
+    (another feature's wrapper on top: uninstall that first)."""
+    left = restore("caller")
+    if not left:
+        forget("rpc_hooks.caller")
+    return left
 
 
 def install_callee(after_call: Callable[[], None] | None = None) -> None:
@@ -287,7 +311,15 @@ def install_callee(after_call: Callable[[], None] | None = None) -> None:
         return
     from torch.distributed.rpc import internal
 
-    internal._run_function = _run_function
+    replace("callee", internal, "_run_function", _run_function)
+
+
+def uninstall_callee() -> list[str]:
+    """torch's own ``_run_function`` again; what stayed in place."""
+    left = restore("callee")
+    if not left:
+        forget("rpc_hooks.callee")
+    return left
 
 
 def _run_function(python_udf: Any) -> Any:

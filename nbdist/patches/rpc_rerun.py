@@ -26,8 +26,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from .replaced import replace, restore
+
 __all__ = ["CELL_KEYS", "after_cell", "cell_ended", "cell_started", "end_agent", "install",
-           "keys_named_here", "started_here", "world_agent_joins", "world_cell"]
+           "keys_named_here", "started_here", "uninstall", "world_agent_joins", "world_cell"]
 
 
 @dataclass
@@ -63,7 +65,16 @@ def install() -> None:
             return
         _AGENT_PER_PROCESS.installed = True
         _AGENT_PER_PROCESS.backends = rpc.backend_registry.BackendType
-        rpc.init_rpc = _wrap(rpc.init_rpc)
+        replace("rerun", rpc, "init_rpc", _wrap(rpc.init_rpc))
+
+
+def uninstall() -> list[str]:
+    """torch's own ``init_rpc`` again; what stayed in place."""
+    with _lock:
+        left = restore("rerun")
+        if not left:
+            _AGENT_PER_PROCESS.installed = False
+    return left
 
 
 def _wrap(init_rpc: Any) -> Any:

@@ -5,6 +5,8 @@ process-wide ``RRefContext`` so the next world builds one around its own agent;
 ``start_ids_at(epoch)`` (each worker, right after ``init_rpc``) gives each world's RRef ids their
 own range, so a stale RRef of an earlier world names nothing in this one. Where libtorch's
 symbols cannot be found, ``available()`` is False and a second world refuses RRef work loudly.
+Each static is written only if the symbol table gives it the size nbdist expects
+(``elf_symbols.statics``) and its value reads as that layout; each write is read back.
 Private names, checked by ``tests/unit/test_torch_pins.py``; why and how:
 docs/how-it-works.md, Module notes.
 """
@@ -14,7 +16,8 @@ from __future__ import annotations
 import ctypes
 import re
 
-from .elf_symbols import in_libtorch, libtorch_cpu as _libtorch_cpu
+from .elf_symbols import libtorch_cpu as _libtorch_cpu, statics
+from .features import turn_off
 
 __all__ = ["available", "next_id", "reset_singleton", "start_ids_at"]
 
@@ -23,11 +26,15 @@ _GUARD = "_ZGVZN5torch11distributed3rpc11RRefContext11getInstanceEvE7context"
 _NEXT_ID = "_ZN5torch11distributed3rpc11RRefContext12nextLocalId_E"
 _DTOR = "_ZN5torch11distributed3rpc11RRefContextD1Ev"
 _LOCAL_ID = re.compile(r"local_id=(\d+)")
+# (symbol, bytes): the singleton's pointer (RRefContext*), its guard (Itanium ABI: 64 bits, 1
+# once built) and the id counter (std::atomic<int64_t>)
+_LAYOUT = ((_CTX, 8), (_GUARD, 8), (_NEXT_ID, 8))
+_IDS_END = 1 << 56  # more than any epoch's range start ((255 << 40) + its RRefs)
 
 
 def _addresses() -> tuple[int, ...] | None:
     """Runtime addresses of the singleton pointer, its guard and the id counter, or None."""
-    return in_libtorch(_CTX, _GUARD, _NEXT_ID)
+    return statics(*_LAYOUT)
 
 
 def available() -> bool:
@@ -45,12 +52,17 @@ def reset_singleton() -> bool:
     addrs = _addresses()
     if addrs is None:
         return False
-    ctx, guard, _ = addrs
-    if ctypes.c_uint8.from_address(guard).value == 0:
+    ctx, guard = (ctypes.c_uint64.from_address(a) for a in addrs[:2])
+    if guard.value == 0:
         return True  # never built in this process: nothing to forget
-    old = ctypes.c_uint64.from_address(ctx).value
-    ctypes.c_uint64.from_address(ctx).value = 0
-    ctypes.c_uint64.from_address(guard).value = 0
+    old = ctx.value
+    if guard.value != 1 or old == 0 or old % 8:
+        return turn_off("rref_reset", f"libtorch's RRefContext reads as guard "
+                                      f"{guard.value:#x}, pointer {old:#x}: left as it was")
+    ctx.value = 0
+    guard.value = 0
+    if ctx.value or guard.value:
+        return turn_off("rref_reset", "libtorch's RRefContext did not read back as cleared")
     if old:
         dtor = getattr(ctypes.PyDLL(_libtorch_cpu()), _DTOR)  # PyDLL: keep the GIL
         dtor.argtypes = [ctypes.c_void_p]
@@ -76,7 +88,10 @@ def start_ids_at(epoch: int) -> bool:
         return False
     target = (epoch % 255 + 1) << 40
     counter = ctypes.c_int64.from_address(addrs[2])
+    if not 0 <= counter.value < _IDS_END:
+        return turn_off("rref_reset", f"libtorch's RRef id counter reads {counter.value}: "
+                                      "left as it was")
     if counter.value > target:
         return True  # already past it (the notebook's own counter only grows)
     counter.value = target
-    return next_id() == target + 1
+    return counter.value == target and next_id() == target + 1

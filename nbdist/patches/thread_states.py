@@ -16,9 +16,10 @@ from typing import Any
 
 from ..envflag import switched_on
 from . import torch_private
-from .installed import first_time
+from .installed import first_time, forget
+from .replaced import replace, restore
 
-__all__ = ["ENV", "install", "pin"]
+__all__ = ["ENV", "install", "pin", "uninstall"]
 
 ENV = "NBDIST_KEEP_THREAD_STATES"
 
@@ -57,4 +58,13 @@ def install() -> None:
         pin()
         return deserialize(binary_data, tensor_table)
 
-    pickler.deserialize = deserialize_pinned
+    replace("thread_states", pickler, "deserialize", deserialize_pinned)
+
+
+def uninstall() -> list[str]:
+    """RPC threads unpickle with torch's own ``deserialize`` again (threads pinned stay so);
+    what stayed in place."""
+    left = restore("thread_states")
+    if not left:
+        forget("thread_states")
+    return left

@@ -1,8 +1,9 @@
-"""Every private torch name nbdist patches or reads, looked up once, here.
+"""Every private torch and cloudpickle name nbdist patches or reads, looked up once, here.
 
 torch's RPC is in maintenance mode upstream, but its private names still move between releases.
 ``PRIVATES`` lists each name nbdist relies on with the feature that needs it, a check of its shape
-and the torch versions it was verified on (docs/torch-versions.md). ``problems()`` looks them all up
+and the torch versions (cloudpickle's: ``CLOUDPICKLE_VERIFIED``) it was verified on
+(docs/torch-versions.md). ``problems()`` looks them all up
 once per process; ``%load_ext nbdist`` (or, while torch is not imported yet, the first world
 start) prints one line per feature that cannot work on the torch at hand. Patch modules ask
 ``usable`` before they patch, so a missing or reshaped name turns one feature off instead of
@@ -15,52 +16,26 @@ from __future__ import annotations
 import importlib
 import inspect
 import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import cache
 from typing import Any
 
+from .features import FEATURES
 from .installed import first_time
 
-__all__ = ["FEATURES", "PRIVATES", "VERIFIED", "Private", "problems", "report", "report_once",
-           "usable"]
+__all__ = ["CLOUDPICKLE_VERIFIED", "FEATURES", "PRIVATES", "VERIFIED", "Private", "problems",
+           "report", "report_once", "usable"]
 
 # torch versions the suite passed on, oldest first: pyproject.toml accepts exactly this range
 # and CI runs the fast suite on both ends (docs/torch-versions.md says which suite ran on
 # each); entries verified on fewer say so in their own ``verified``.
 VERIFIED = ("2.8.0", "2.9.0", "2.10.0", "2.11.0", "2.13.0", "2.14.1", "2.15.0")
-
-# feature -> what the user loses when it cannot be installed on their torch
-FEATURES = {
-    "shipping": "functions and classes defined in notebook cells cannot be sent over RPC "
-                "(torch sends them by name)",
-    "thread_states": "small RPCs are slower (~1.2x plain torch: thread states not kept)",
-    "callee": "Ctrl-C does not stop RPC functions running on a rank, and their printed "
-              "output may arrive after the result",
-    "caller": "Ctrl-C does not interrupt rpc_sync, and a call to a dead rank waits for its "
-              "timeout",
-    "restart": "a second world in one kernel hangs (%dist_restart, --keep, --heal): "
-               "restart the kernel between worlds",
-    "rref_reset": "RRefs held in the notebook may fail after %dist_restart",
-    "rerun": "a cell with its own init_rpc ... shutdown may hang when it runs a second time "
-             "in one kernel",
-    "tp_address": "switching between a local world and one across hosts needs a kernel "
-                  "restart",
-    "tracing": "no RPC tracing (rpc_stats and the dashboard's latencies stay empty)",
-    "start_timeout": "a rank that never joins makes %dist_start wait Gloo's own timeout",
-    "rpc_timeout": "a world keeps its start deadline as the default RPC timeout",
-    "current_agent": "nbdist.parallel does not find the running RPC agent",
-    "async_marker": "nbdist.parallel runs @rpc.functions.async_execution functions as plain "
-                    "ones",
-    "process_group": "destroy_process_group keeps only the default group alive until it is "
-                     "safe to free, so freeing a subgroup (new_group) may still freeze a rank; "
-                     "after a failed init_process_group the next one may wait in vain",
-    "no_rpc": "in a world without RPC (--no-rpc), torch's RPC calls say 'RPC has not been "
-              "initialized' instead of naming --no-rpc",
-    "hidden_groups": "a function run by mp.spawn in a world with a process group sees the "
-                     "world's group as its default, and a group of its own may be refused",
-}
+# cloudpickle versions the suite passed on, oldest first: pyproject.toml accepts from the
+# oldest up to the newest's next minor (its private names move in minor releases)
+CLOUDPICKLE_VERIFIED = ("3.1.3",)
 
 
 @dataclass(frozen=True)
@@ -164,10 +139,19 @@ def _barrier_symbol() -> Any:
     return rpc_barrier.available() or None
 
 
+def _globals_ref() -> Any:
+    """cloudpickle's per-pickler dict of the globals by-value functions share."""
+    import io
+
+    import cloudpickle
+
+    return cloudpickle.Pickler(io.BytesIO()).globals_ref
+
+
 def _tp_symbols() -> Any:
     from . import tp_address
 
-    return tp_address._addresses()
+    return tp_address.available() or None
 
 
 _RPC = "torch.distributed.rpc"
@@ -175,6 +159,8 @@ _API = "torch.distributed.rpc.api"
 _INTERNAL = "torch.distributed.rpc.internal"
 _C = "torch._C._distributed_rpc"
 _C10D = "torch.distributed.distributed_c10d"
+_CP = "cloudpickle.cloudpickle"
+_CP_OK = CLOUDPICKLE_VERIFIED
 
 PRIVATES: tuple[Private, ...] = (
     # shipping: the RPC pickler swapped for a by-value one, code sent once per destination
@@ -189,6 +175,17 @@ PRIVATES: tuple[Private, ...] = (
     Private("shipping", _API, "_to_worker_info", _arity(1)),
     Private("shipping", _API, "_invoke_rpc_python_udf", _arity(5)),
     Private("shipping", _API, "_invoke_remote_python_udf", _arity(5)),
+    # ... over cloudpickle's by-value machinery (shipping.pickler, shipping.unpicklable)
+    Private("shipping", _CP, "_find_imported_submodules", _arity(2), _CP_OK),
+    Private("shipping", _CP, "_extract_code_globals", _arity(1), _CP_OK),
+    Private("shipping", _CP, "_get_cell_contents", _arity(1), _CP_OK),
+    Private("shipping", _CP, "_empty_cell_value", lambda obj: obj is not None, _CP_OK),
+    Private("shipping", _CP, "_class_setstate", _arity(2), _CP_OK),
+    Private("shipping", _CP, "_make_skeleton_class", _arity(6), _CP_OK),
+    Private("shipping", _CP, "_DYNAMIC_CLASS_TRACKER_BY_ID", _is(weakref.WeakValueDictionary),
+            _CP_OK),
+    Private("shipping", _CP, "_should_pickle_by_reference", _arity(2), _CP_OK),
+    Private("shipping", _CP, "Pickler.globals_ref", _is(dict), _CP_OK, lookup=_globals_ref),
     # thread_states: every thread that unpickles an RPC message keeps its Python state
     Private("thread_states", _INTERNAL, "_internal_rpc_pickler.deserialize", _arity(2)),
     # callee: RPC functions registered while they run (interrupts, output before the reply)
@@ -322,6 +319,11 @@ def report() -> list[str]:
     if version not in VERIFIED:
         lines.append(f"nbdist: torch {version} is not among the versions nbdist was tested on "
                      f"({', '.join(VERIFIED)}); `make test TORCH={version}` checks it")
+    import cloudpickle
+
+    if cloudpickle.__version__ not in CLOUDPICKLE_VERIFIED:
+        lines.append(f"nbdist: cloudpickle {cloudpickle.__version__} is not among the versions "
+                     f"nbdist was tested on ({', '.join(CLOUDPICKLE_VERIFIED)})")
     return lines
 
 

@@ -5,7 +5,9 @@ function-local static, from ``TP_SOCKET_IFNAME`` at the first ``init_rpc``), so 
 world on loopback the notebook would advertise ``127.0.0.1`` to remote hosts, and after a
 world across hosts a local world would listen on the network. ``pin(address)`` rewrites that
 static in place before ``init_rpc``: an IPv4 address always fits std::string's inline buffer
-(15 characters), so only bytes inside the string object change. Verified by
+(15 characters), so only bytes inside the string object change. It is written only where
+libtorch's symbol table gives the string 32 bytes and its guard 8, the guard reads as built and
+the string as an inline one; the write is read back. Verified by
 ``tests/hosts/test_multihost.py`` (a local world, then one across hosts, then a local one again).
 """
 
@@ -14,18 +16,26 @@ from __future__ import annotations
 import ctypes
 import ipaddress
 
-from .elf_symbols import in_libtorch
+from .elf_symbols import statics
+from .features import turn_off
 
-__all__ = ["current", "pin"]
+__all__ = ["available", "current", "pin"]
 
 _VALUE = "_ZZN5torch11distributed3rpc15TensorPipeAgent12guessAddressB5cxx11EvE9uvAddress"
 _GUARD = "_ZGVZN5torch11distributed3rpc15TensorPipeAgent12guessAddressB5cxx11EvE9uvAddress"
 _INLINE = 15  # characters std::string (libstdc++, C++11 ABI) holds without allocating
+# (symbol, bytes): std::string (pointer, length, 16-byte inline buffer), its guard (64 bits)
+_LAYOUT = ((_VALUE, 32), (_GUARD, 8))
 
 
 def _addresses() -> tuple[int, ...] | None:
     """Runtime addresses of the cached std::string and its initialisation guard, or None."""
-    return in_libtorch(_VALUE, _GUARD)
+    return statics(*_LAYOUT)
+
+
+def available() -> bool:
+    """Whether this torch build lets nbdist choose the address."""
+    return _addresses() is not None
 
 
 def current() -> str | None:
@@ -49,11 +59,16 @@ def pin(address: str) -> bool:
     if addrs is None:
         return False
     value, guard = addrs
-    if ctypes.c_uint8.from_address(guard).value == 0:
+    built = ctypes.c_uint64.from_address(guard).value
+    if built == 0:
         return True  # not computed yet: the environment variable is read at first use
+    if built != 1:
+        return turn_off("tp_address", f"libtorch's TensorPipe address guard reads {built:#x}: "
+                                      "left as it was")
     ptr = ctypes.c_uint64.from_address(value).value
-    if ptr != value + 16 or len(address) > _INLINE:
-        return False  # not the inline layout this relies on: leave it alone
+    length = ctypes.c_uint64.from_address(value + 8).value
+    if ptr != value + 16 or length > _INLINE or len(address) > _INLINE:
+        return False  # not the inline layout this relies on (a longer address): leave it
     raw = address.encode()
     ctypes.memmove(value + 16, raw + b"\0", len(raw) + 1)
     ctypes.c_uint64.from_address(value + 8).value = len(raw)

@@ -31,16 +31,17 @@ import cloudpickle
 
 from .. import world_state
 from ..patches import torch_private
-from ..patches.installed import first_time, has
+from ..patches.installed import first_time, forget, has
+from ..patches.replaced import replace, restore
 from ..shipping import fresh_locks, own_main, per_rank, unpicklable
 from ..shm import transport as shm
 from .code_filename import reduce_code
 
-__all__ = ["CODE_WAIT", "dumps", "forget_peers", "install", "installed", "register_patched"]
+__all__ = ["CODE_WAIT", "dumps", "forget_peers", "install", "installed", "register_patched",
+           "uninstall"]
 
 
 
-_SUBMODULE_CACHE: dict = {}
 _find_submodules = cloudpickle.cloudpickle._find_imported_submodules
 
 
@@ -49,24 +50,24 @@ def _cached_submodules(code: types.CodeType, deps: Any) -> list:
 
     cloudpickle walks all of ``sys.modules`` (thousands of entries once torch is loaded) for
     every by-value function that names a module; in an RL loop that is milliseconds per RPC.
+    Only nbdist's own pickling asks it (``_dynamic_state``): cloudpickle's own function, which
+    other users of cloudpickle in the process (Ray, Dask) reach, stays as it is.
     """
+    shipped = _SHIPPED_PER_PROCESS
     deps = list(deps)
     names = tuple(d.__name__ for d in deps if isinstance(d, types.ModuleType))
     if not names:
         return []
     key = (code, names)
     loaded = len(sys.modules)
-    hit = _SUBMODULE_CACHE.get(key)
+    hit = shipped.submodules.get(key)
     if hit is not None and hit[0] == loaded:
         return hit[1]
     found = _find_submodules(code, deps)
-    if len(_SUBMODULE_CACHE) > 4096:
-        _SUBMODULE_CACHE.clear()
-    _SUBMODULE_CACHE[key] = (loaded, found)
+    if len(shipped.submodules) > 4096:
+        shipped.submodules.clear()
+    shipped.submodules[key] = (loaded, found)
     return found
-
-
-cloudpickle.cloudpickle._find_imported_submodules = _cached_submodules
 
 
 def _cell_source(filename: str) -> list[str] | None:
@@ -88,7 +89,6 @@ def _reduce_method(m: types.MethodType) -> Any:
     return m.__reduce__()
 
 
-_BY_NAME: dict[int, tuple[str, str]] = {}
 
 
 def _load_attr(module: str, name: str) -> Any:
@@ -104,12 +104,13 @@ def register_patched(*module_names: str) -> None:
     A notebook cell that did ``from torch.distributed.rpc import rpc_sync`` refers to the
     wrapper nbdist put there; pickled by value it would drag nbdist's internals along.
     """
+    shipped = _SHIPPED_PER_PROCESS
     for modname in module_names:
         mod = sys.modules.get(modname)
         for attr, value in vars(mod).items() if mod is not None else ():
             if isinstance(value, types.FunctionType) and \
                     getattr(value, "__module__", "").startswith("nbdist"):
-                _BY_NAME[id(value)] = (modname, attr)
+                shipped.by_name[id(value)] = (modname, attr)
 
 
 # ---------------------------------------------------------------- code once per destination
@@ -117,12 +118,6 @@ CODE_WAIT = 30.0  # seconds a callee waits for the request that defines a digest
 _KEEP_CODES = 4096  # code objects remembered by a caller (then forgotten: sent again in full)
 _KEEP_KNOWN = 65536  # code objects remembered by a callee
 
-_fns: dict[int, tuple] = {}  # id(func) -> (func, static parts, digest, global names)
-_by_digest: dict[str, types.FunctionType] = {}  # digest -> the original, or the copy built here
-_twins: dict[str, types.FunctionType] = {}  # digest -> this rank's own twin of it (``twins``)
-_known: dict[str, tuple] = {}  # digest -> static parts of a function, callee side
-_known_cv = threading.Condition()
-_nonce: list = [os.urandom(6).hex(), itertools.count(1)]  # digest prefix, counter (atomic)
 
 
 class _Tls(threading.local):
@@ -130,7 +125,29 @@ class _Tls(threading.local):
     pending: Any = None  # (dest, [digests], [globals]) to mark sent once the request went out
 
 
-_tls = _Tls()
+class _Shipped:
+    """Per process: what this rank's pickler remembers of the code it shipped and was
+    shipped (its digests are this process's own: a forked child renews them, ``_after_fork``),
+    and the caches that spare work per call."""
+
+    def __init__(self) -> None:
+        self.fns: dict[int, tuple] = {}  # id(func) -> (func, static parts, digest, names)
+        self.by_digest: dict[str, types.FunctionType] = {}  # the original, or the copy built
+        self.twins: dict[str, types.FunctionType] = {}  # digest -> this rank's own twin
+        self.known: dict[str, tuple] = {}  # digest -> static parts of a function, callee side
+        self.known_cv = threading.Condition()
+        self.nonce: list = [os.urandom(6).hex(), itertools.count(1)]  # prefix, counter
+        self.tls = _Tls()  # per thread: the request being pickled
+        self.classes_whole: weakref.WeakSet = weakref.WeakSet()  # attributes all set here
+        self.copies: weakref.WeakSet = weakref.WeakSet()  # functions built from elsewhere
+        self.class_copies: weakref.WeakSet = weakref.WeakSet()  # classes built from elsewhere
+        self.by_ref: dict[int, tuple[Any, bool]] = {}  # id -> (function or class, by name?)
+        self.by_name: dict[int, tuple[str, str]] = {}  # nbdist's wrappers: shipped by name
+        self.submodules: dict = {}  # (code, module names) -> (len(sys.modules), found)
+        self.table: list = [None, None, -1]  # [owner, table, len(owner._class_reducer_dict)]
+
+
+_SHIPPED_PER_PROCESS = _Shipped()
 
 
 class _CodeHeldByPeers:
@@ -147,11 +164,12 @@ def _held() -> set[tuple[str, str]]:
 
 def _after_fork() -> None:
     """A forked child is a new peer: its own digests, nothing sent, nothing known."""
-    _nonce[:] = [os.urandom(6).hex(), itertools.count(1)]
-    _fns.clear()
-    _by_digest.clear()
-    _twins.clear()
-    _known.clear()
+    shipped = _SHIPPED_PER_PROCESS
+    shipped.nonce[:] = [os.urandom(6).hex(), itertools.count(1)]
+    shipped.fns.clear()
+    shipped.by_digest.clear()
+    shipped.twins.clear()
+    shipped.known.clear()
 
 
 os.register_at_fork(after_in_child=_after_fork)
@@ -166,10 +184,11 @@ def forget_peers() -> None:
 def _static_of(func: types.FunctionType) -> tuple[tuple, str, tuple]:
     """What of ``func`` travels once (code, names, doc, annotations), its digest, and the
     names of the globals its code reads; a new digest whenever any of those changed."""
-    entry = _fns.get(id(func))
+    shipped = _SHIPPED_PER_PROCESS
+    entry = shipped.fns.get(id(func))
     if entry is not None and entry[0] is func:
         old = entry[1]
-        if func in _copies:  # a copy built here keeps its origin's digest (its code is fixed)
+        if func in shipped.copies:  # a copy built here keeps its origin's digest (fixed code)
             return old, entry[2], entry[3]
         if (old[0] is func.__code__ and old[1] is func.__name__ and old[2] is func.__qualname__
                 and old[3] is func.__module__ and old[4] is func.__doc__
@@ -178,18 +197,19 @@ def _static_of(func: types.FunctionType) -> tuple[tuple, str, tuple]:
     static = (func.__code__, func.__name__, func.__qualname__, func.__module__, func.__doc__,
               func.__annotations__)
     _make_room()
-    digest = f"{_nonce[0]}.{next(_nonce[1])}"  # next() is atomic: threads never share one
+    digest = f"{shipped.nonce[0]}.{next(shipped.nonce[1])}"  # next() is atomic: never shared
     names = tuple(cloudpickle.cloudpickle._extract_code_globals(func.__code__))
-    _fns[id(func)] = (func, static, digest, names)
-    _by_digest[digest] = func
+    shipped.fns[id(func)] = (func, static, digest, names)
+    shipped.by_digest[digest] = func
     return static, digest, names
 
 
 def _make_room() -> None:
-    if len(_fns) >= _KEEP_CODES:
-        _fns.clear()
-        _by_digest.clear()
-        _twins.clear()
+    shipped = _SHIPPED_PER_PROCESS
+    if len(shipped.fns) >= _KEEP_CODES:
+        shipped.fns.clear()
+        shipped.by_digest.clear()
+        shipped.twins.clear()
         _held().clear()  # a digest we forget may be given again: send its code again too
 
 
@@ -222,7 +242,8 @@ def _set_dynamic(func: types.FunctionType, state: tuple) -> None:
     """Unpickling hook (the state setter of ``_make_new``/``_make_known``): nothing for the
     original (it arrived back where it was defined), else the copy's globals, defaults,
     closure values and attributes."""
-    if func not in _copies:
+    shipped = _SHIPPED_PER_PROCESS
+    if func not in shipped.copies:
         return  # the original: its own globals, closure and defaults are the real ones
     f_globals, defaults, kwdefaults, cells, fdict, _subs = state
     if type(f_globals) is tuple:
@@ -244,12 +265,13 @@ def _set_dynamic(func: types.FunctionType, state: tuple) -> None:
 def _build(digest: str, static: tuple, base_globals: dict | None) -> types.FunctionType:
     """The copy of a function from elsewhere, once per digest: against this rank's
     ``__main__`` (``base_globals`` is None) or, for other modules' code, a dict of its own."""
+    shipped = _SHIPPED_PER_PROCESS
     code, name, qualname, module, doc, annotations = static
     if base_globals is None:
         g = own_main.main_namespace()
         own = _own_twin(g, qualname, code)
         if own is not None:
-            _twins[digest] = own
+            shipped.twins[digest] = own
             return own
     else:
         g = base_globals
@@ -261,33 +283,35 @@ def _build(digest: str, static: tuple, base_globals: dict | None) -> types.Funct
     func.__doc__ = doc
     if annotations:
         func.__annotations__ = dict(annotations)
-    with _known_cv:
-        hit = _by_digest.get(digest)
+    with shipped.known_cv:
+        hit = shipped.by_digest.get(digest)
         if hit is not None:  # another thread built it meanwhile
             return hit
         _make_room()
-        _fns[id(func)] = (func, static, digest, tuple(
+        shipped.fns[id(func)] = (func, static, digest, tuple(
             cloudpickle.cloudpickle._extract_code_globals(code)))
-        _by_digest[digest] = func
-        _copies.add(func)
+        shipped.by_digest[digest] = func
+        shipped.copies.add(func)
     return func
 
 
 def _own_twin(ns: dict, qualname: str, code: types.CodeType) -> types.FunctionType | None:
     """This rank's own definition standing for a ``__main__`` function from elsewhere
     (``twins``): never a copy built here."""
+    shipped = _SHIPPED_PER_PROCESS
     own = per_rank.twin_function(ns, qualname, code)
-    return None if own is None or own in _copies else own
+    return None if own is None or own in shipped.copies else own
 
 
 def _twin_hit(digest: str, base_globals: dict | None) -> types.FunctionType | None:
     """The twin found for ``digest`` before, while ``__main__`` still binds it."""
-    own = _twins.get(digest)
+    shipped = _SHIPPED_PER_PROCESS
+    own = shipped.twins.get(digest)
     if own is None or base_globals is not None:
         return None
     if per_rank.lookup(own_main.main_namespace(), own.__qualname__) is own:
         return own
-    _twins.pop(digest, None)  # rebound since: find its twin (or build a copy) again
+    shipped.twins.pop(digest, None)  # rebound since: find its twin (or build a copy) again
     return None
 
 
@@ -295,57 +319,57 @@ def _make_new(digest: str, static: tuple, filename: str, lines: list[str] | None
               base_globals: dict | None) -> types.FunctionType:
     """Unpickling hook: a function whose code comes with it (the first time to this rank);
     the original itself if it was defined here."""
-    hit = _by_digest.get(digest) or _twin_hit(digest, base_globals)
+    shipped = _SHIPPED_PER_PROCESS
+    hit = shipped.by_digest.get(digest) or _twin_hit(digest, base_globals)
     if hit is not None:
         return hit
     if lines is not None and filename not in linecache.cache:
         linecache.cache[filename] = (sum(map(len, lines)), None, lines, filename)
-    if digest not in _known:
-        with _known_cv:
-            if len(_known) >= _KEEP_KNOWN:
-                _known.pop(next(iter(_known)))
-            _known[digest] = static
-            _known_cv.notify_all()
+    if digest not in shipped.known:
+        with shipped.known_cv:
+            if len(shipped.known) >= _KEEP_KNOWN:
+                shipped.known.pop(next(iter(shipped.known)))
+            shipped.known[digest] = static
+            shipped.known_cv.notify_all()
     return _build(digest, static, base_globals)
 
 
 def _make_known(digest: str, base_globals: dict | None) -> types.FunctionType:
     """Unpickling hook: a function whose code this rank was sent before, named by digest."""
-    hit = _by_digest.get(digest) or _twin_hit(digest, base_globals)
+    shipped = _SHIPPED_PER_PROCESS
+    hit = shipped.by_digest.get(digest) or _twin_hit(digest, base_globals)
     if hit is not None:
         return hit
-    static = _known.get(digest)
+    static = shipped.known.get(digest)
     if static is None:
         give_up = time.monotonic() + CODE_WAIT
-        with _known_cv:
-            while (static := _known.get(digest)) is None:
+        with shipped.known_cv:
+            while (static := shipped.known.get(digest)) is None:
                 left = give_up - time.monotonic()
                 if left <= 0:
                     raise RuntimeError(f"nbdist: the code of a notebook function ({digest}) "
                                        f"never reached this rank within {CODE_WAIT:.0f}s")
-                _known_cv.wait(min(left, 0.5))
+                shipped.known_cv.wait(min(left, 0.5))
     return _build(digest, static, base_globals)
 
 
 _cp_class_setstate = cloudpickle.cloudpickle._class_setstate
 _cp_skeleton_class = cloudpickle.cloudpickle._make_skeleton_class
 _cp_class_tracker = cloudpickle.cloudpickle._DYNAMIC_CLASS_TRACKER_BY_ID
-_classes_whole: weakref.WeakSet = weakref.WeakSet()  # classes whose attributes are all set here
-_copies: weakref.WeakSet = weakref.WeakSet()  # functions built here from another rank's code
-_class_copies: weakref.WeakSet = weakref.WeakSet()  # classes built here from another's
 
 
 def _make_class(key: str, qualname: str, *skeleton: Any) -> type:
     """Unpickling hook for a ``__main__`` class: one this process has seen (its own, coming
     back, or a copy made before) as cloudpickle finds it; else this rank's own twin
     (``twins``), whose attributes stay its own; else a new copy."""
+    shipped = _SHIPPED_PER_PROCESS
     if skeleton[4] not in _cp_class_tracker:
         own = per_rank.twin_class(own_main.main_namespace(), qualname, key, skeleton[2])
-        if own is not None and own not in _class_copies:
-            _classes_whole.add(own)
+        if own is not None and own not in shipped.class_copies:
+            shipped.classes_whole.add(own)
             return own
         cls = _cp_skeleton_class(*skeleton)
-        _class_copies.add(cls)
+        shipped.class_copies.add(cls)
         return cls
     return _cp_skeleton_class(*skeleton)
 
@@ -354,10 +378,11 @@ def _class_setstate_once(cls: type, state: Any) -> type:
     """Unpickling hook for by-value classes: attributes are set once per process (a class
     that arrived back where it was defined, or again, keeps the attributes it has: class-level
     state is the rank's own, as in a script); a redefined class is a new class."""
-    if cls in _classes_whole:
+    shipped = _SHIPPED_PER_PROCESS
+    if cls in shipped.classes_whole:
         return cls
     _cp_class_setstate(cls, state)
-    _classes_whole.add(cls)
+    shipped.classes_whole.add(cls)
     return cls
 
 
@@ -387,16 +412,17 @@ class ShippingPickler(cloudpickle.Pickler):
         self.new_values: list[tuple] = []
 
     def reducer_override(self, obj: Any) -> Any:
+        shipped = _SHIPPED_PER_PROCESS
         t = type(obj)
         if t is types.FunctionType:
-            by_name = _BY_NAME.get(id(obj))
+            by_name = shipped.by_name.get(id(obj))
             if by_name is not None:
                 return (_load_attr, by_name)
             if _by_reference(obj):
                 return NotImplemented
             return self._function_by_value(obj)
         if issubclass(t, type):
-            hit = _by_ref.get(id(obj))
+            hit = shipped.by_ref.get(id(obj))
             if hit is not None and hit[0] is obj:
                 return NotImplemented  # only "by reference" is remembered for classes
             rv = super().reducer_override(obj)
@@ -405,7 +431,8 @@ class ShippingPickler(cloudpickle.Pickler):
                 return rv
             if len(rv) < 6 or rv[5] is not _cp_class_setstate:
                 return rv  # a builtin type, by cloudpickle's own reducer
-            _classes_whole.add(obj)  # defined here (or whole): a copy arriving is not applied
+            shipped.classes_whole.add(obj)  # defined here (or whole): a copy arriving is not
+            # applied
             if rv[0] is _cp_skeleton_class and obj.__module__ == "__main__":
                 # the receiver may have its own twin of it
                 rv = (_make_class, (per_rank.class_key(obj), obj.__qualname__, *rv[1])) + rv[2:]
@@ -438,19 +465,20 @@ class ShippingPickler(cloudpickle.Pickler):
 
 
 _BASE_KEYS = ("__package__", "__name__", "__path__", "__file__")
-_by_ref: dict[int, tuple[Any, bool]] = {}  # id -> (function or class, by reference?)
 
 
 def _remember(obj: Any, verdict: bool) -> None:
-    if len(_by_ref) >= _KEEP_CODES:
-        _by_ref.clear()
-    _by_ref[id(obj)] = (obj, verdict)
+    shipped = _SHIPPED_PER_PROCESS
+    if len(shipped.by_ref) >= _KEEP_CODES:
+        shipped.by_ref.clear()
+    shipped.by_ref[id(obj)] = (obj, verdict)
 
 
 def _by_reference(func: types.FunctionType) -> bool:
     """cloudpickle's "importable by name?" verdict, remembered per function object (the
     entry holds the function, so its id cannot be reused while it is remembered)."""
-    hit = _by_ref.get(id(func))
+    shipped = _SHIPPED_PER_PROCESS
+    hit = shipped.by_ref.get(id(func))
     if hit is not None and hit[0] is func:
         return hit[1]
     verdict = cloudpickle.cloudpickle._should_pickle_by_reference(func)
@@ -465,16 +493,16 @@ def dumps(obj: Any) -> bytes:
     return buf.getvalue()
 
 
-_table_cache: list = [None, None, -1]  # [owner, table, len(owner._class_reducer_dict)]
 
 
 def _dispatch_table(owner: Any) -> dict:
     """torch's RPC reducers (tensors, RRefs) over cloudpickle's, merged once into a plain dict
     (a ChainMap would cost a Python call per pickled object); rebuilt when torch registers a
     new class reducer."""
+    shipped = _SHIPPED_PER_PROCESS
     n = len(owner._class_reducer_dict)
-    if _table_cache[0] is owner and _table_cache[2] == n:
-        return _table_cache[1]
+    if shipped.table[0] is owner and shipped.table[2] == n:
+        return shipped.table[1]
     import torch
     import torch.distributed as dist
 
@@ -485,7 +513,7 @@ def _dispatch_table(owner: Any) -> dict:
     table[dist.rpc.RRef] = owner._rref_reducer
     table[types.MethodType] = _reduce_method
     table.update(owner._class_reducer_dict)
-    _table_cache[:] = [owner, table, n]
+    shipped.table[:] = [owner, table, n]
     return table
 
 
@@ -514,10 +542,11 @@ _TORCH_PER_PROCESS = _TorchNames()
 
 def _serialize(self: Any, obj: Any) -> tuple[bytes, list]:
     """Drop-in for ``_InternalRPCPickler.serialize`` (same tensor-table protocol)."""
+    shipped = _SHIPPED_PER_PROCESS
     tables = _TORCH_PER_PROCESS.thread_tables
     old = getattr(tables, "send_tables", None)
     tables.send_tables = []
-    tls = _tls
+    tls = shipped.tls
     tls.pending = None
     if type(obj) is _TORCH_PER_PROCESS.PythonUDF:  # a request: code once per peer
         dest = tls.dest
@@ -550,9 +579,11 @@ def _serialize(self: Any, obj: Any) -> tuple[bytes, list]:
 
 def _wrap_to_worker_info(orig: Callable) -> Callable:
     """torch resolves the destination right before it pickles a request: remember it."""
+    tls = _SHIPPED_PER_PROCESS.tls
+
     def _to_worker_info(to: Any) -> Any:
         info = orig(to)
-        _tls.dest = info.name
+        tls.dest = info.name
         return info
 
     return _to_worker_info
@@ -560,11 +591,13 @@ def _wrap_to_worker_info(orig: Callable) -> Callable:
 
 def _wrap_invoke(orig: Callable) -> Callable:
     """Once a request went out, its destination holds the code it carried."""
+    tls = _SHIPPED_PER_PROCESS.tls
+
     def invoke(dst: Any, pickled: bytes, tensors: Any, timeout: float, is_async: bool) -> Any:
         res = orig(dst, pickled, tensors, timeout, is_async)
-        pending = _tls.pending
+        pending = tls.pending
         if pending is not None:
-            _tls.pending = None
+            tls.pending = None
             dest, digests, values = pending
             held = _held()
             for d in digests:
@@ -630,8 +663,9 @@ def _like(exc: Exception, message: str) -> Exception:
 
 def _travels_by_value(obj: Any) -> bool:
     """Whether a function or class is pickled by value (its insides travel)."""
+    shipped = _SHIPPED_PER_PROCESS
     if isinstance(obj, types.FunctionType):
-        return id(obj) not in _BY_NAME and not _by_reference(obj)
+        return id(obj) not in shipped.by_name and not _by_reference(obj)
     return not cloudpickle.cloudpickle._should_pickle_by_reference(obj)
 
 
@@ -650,10 +684,19 @@ def install() -> None:
     names.thread_tables = internal._thread_local_tensor_tables
     shm.use_tables(names.thread_tables)
     pickler = internal._internal_rpc_pickler
-    pickler.serialize = types.MethodType(_serialize, pickler)
-    api._to_worker_info = _wrap_to_worker_info(api._to_worker_info)
-    api._invoke_rpc_python_udf = _wrap_invoke(api._invoke_rpc_python_udf)
-    api._invoke_remote_python_udf = _wrap_invoke(api._invoke_remote_python_udf)
+    replace("shipping", pickler, "serialize", types.MethodType(_serialize, pickler))
+    replace("shipping", api, "_to_worker_info", _wrap_to_worker_info(api._to_worker_info))
+    for name in ("_invoke_rpc_python_udf", "_invoke_remote_python_udf"):
+        replace("shipping", api, name, _wrap_invoke(getattr(api, name)))
+
+
+def uninstall() -> list[str]:
+    """torch's RPC pickles with its own pickler again; what stayed (another feature's wrapper
+    on top: uninstall that first)."""
+    left = restore("shipping")
+    if not left:
+        forget("shipping")
+    return left
 
 
 def installed() -> bool:

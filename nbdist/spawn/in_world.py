@@ -1,6 +1,6 @@
 """``mp.spawn(fn, args, nprocs=K)`` from a cell runs ``fn(i, *args)`` on the K ranks of a world.
 
-``take`` (asked by ``spawn.patch``) returns ``DECLINE`` where torch's own spawn would work: no
+``take`` (asked by ``patches.mp_spawn``) returns ``DECLINE`` where torch's own spawn would work: no
 world is running and ``fn`` and ``args`` reach a fresh interpreter by reference (not from a
 notebook's ``__main__``), or ``start_processes`` forks. Otherwise the notebook is process 0 and
 worker rank i is process i, as in ``%%dist --local`` (``spawn.one_rank``); with no world one of K
@@ -29,7 +29,8 @@ from typing import Any
 from ..cluster import core
 from ..cluster.failfast import FailFast
 from ..errors import DistTimeoutError, RankFailure
-from ..spawn import one_rank as spawned, patch
+from ..patches import mp_spawn as patch
+from ..spawn import one_rank as spawned
 
 __all__ = ["AFTER_FAILURE", "BARE", "install", "starts_rpc", "take"]
 

@@ -25,7 +25,8 @@ from typing import Any
 from .. import world_state
 from ..envflag import switched_on
 from ..patches import torch_private
-from ..patches.installed import first_time
+from ..patches.installed import HOOKS, SyncTiming, first_time, forget, has
+from ..patches.replaced import replace, restore
 from ..patches.thread_states import pin
 from ..table import html_table, human_bytes, text_table
 from . import records
@@ -43,6 +44,7 @@ __all__ = [
     "samples",
     "set_peers",
     "total_calls",
+    "uninstall",
     "version",
 ]
 
@@ -106,9 +108,17 @@ class _Local(threading.local):
     sync_done: Any = None  # (callee, name, t0, bytes) of that call
 
 
-_tls = _Local()
-_done: collections.deque = collections.deque()  # (callee, function, t0, latency, bytes)
-_install_lock = threading.Lock()
+class _Calls:
+    """Per process: each thread's call in flight, the calls finished and not yet folded
+    into the aggregates, and the lock ``install`` takes."""
+
+    def __init__(self) -> None:
+        self.tls = _Local()
+        self.done: collections.deque = collections.deque()  # (callee, fn, t0, latency, bytes)
+        self.install_lock = threading.Lock()
+
+
+_CALLS_PER_PROCESS = _Calls()
 
 
 # ---------------------------------------------------------------------------- hot path
@@ -196,15 +206,17 @@ def _func_name(func: Any, args: Any) -> str:
 
 def _watch(fut: Any, callee: str, name: str, t0: float, nbytes: int) -> None:
     """Record the call when its future completes (or, in ``rpc_sync``, when it returns)."""
-    if _tls.sync:
-        _tls.sync = False  # the first call inside rpc_sync is the one it waits for
-        _tls.sync_done = (callee, name, t0, nbytes)
+    tls = _CALLS_PER_PROCESS.tls
+    if tls.sync:
+        tls.sync = False  # the first call inside rpc_sync is the one it waits for
+        tls.sync_done = (callee, name, t0, nbytes)
         return
+    finished = _CALLS_PER_PROCESS.done
 
     def done(_f: Any) -> None:
-        _done.append((callee, name, t0, perf_counter() - t0, nbytes))
+        finished.append((callee, name, t0, perf_counter() - t0, nbytes))
         pin()  # torch's thread: keep its Python state for the next callback
-        if len(_done) > FOLD_AT:
+        if len(finished) > FOLD_AT:
             _fold()
 
     fut.add_done_callback(done)
@@ -212,44 +224,64 @@ def _watch(fut: Any, callee: str, name: str, t0: float, nbytes: int) -> None:
 
 def _wrap_rpc_sync(orig: Any) -> Any:
     """``rpc_sync`` is timed when it returns: a future callback would run on torch's thread
-    on the way to waking the caller, and cost it several microseconds."""
+    on the way to waking the caller, and cost it several microseconds. (Where the caller's
+    patch wraps ``rpc_sync``, it times the call itself (``SyncTiming``), and this wrapper
+    is not made.)"""
     from torch.distributed.rpc.constants import UNSET_RPC_TIMEOUT
 
     def rpc_sync(to: Any, func: Any, args: Any = None, kwargs: Any = None,
                  timeout: float = UNSET_RPC_TIMEOUT) -> Any:
-        if not _SWITCH_PER_PROCESS.on or _tls.paused:
+        if not _sync_begin():
             return orig(to, func, args, kwargs, timeout)
-        _tls.sync = True
         try:
             return orig(to, func, args, kwargs, timeout)
         finally:
-            _tls.sync = False
-            done = _tls.sync_done
-            if done is not None:
-                _tls.sync_done = None
-                callee, name, t0, nbytes = done
-                _done.append((callee, name, t0, perf_counter() - t0, nbytes))
-                if len(_done) > FOLD_AT:
-                    _fold()
+            _sync_end()
 
     rpc_sync.__doc__ = orig.__doc__
     rpc_sync.__wrapped__ = orig  # type: ignore[attr-defined]
     return rpc_sync
 
 
+def _sync_begin() -> bool:
+    """An ``rpc_sync`` starts: True if it is timed (the caller's wrapper reads the same
+    inline, through ``SyncTiming``)."""
+    tls = _CALLS_PER_PROCESS.tls
+    if not _SWITCH_PER_PROCESS.on or tls.paused:
+        return False
+    tls.sync = True
+    return True
+
+
+def _sync_end() -> None:
+    """The timed ``rpc_sync`` returned (or raised): record the call it waited for."""
+    tls = _CALLS_PER_PROCESS.tls
+    tls.sync = False
+    done = tls.sync_done
+    if done is not None:
+        tls.sync_done = None
+        callee, name, t0, nbytes = done
+        finished = _CALLS_PER_PROCESS.done
+        finished.append((callee, name, t0, perf_counter() - t0, nbytes))
+        if len(finished) > FOLD_AT:
+            _fold()
+
+
 def _wrap_python_udf(orig: Any) -> Any:
+    tls = _CALLS_PER_PROCESS.tls
     def PythonUDF(func: Any, args: Any, kwargs: Any) -> Any:  # noqa: N802 - replaces a class
-        if _SWITCH_PER_PROCESS.on and not _tls.paused:
-            _tls.call = (perf_counter(), func, args)
+        if _SWITCH_PER_PROCESS.on and not tls.paused:
+            tls.call = (perf_counter(), func, args)
         return orig(func, args, kwargs)
 
     return PythonUDF
 
 
 def _take_call() -> Any:
-    call = _tls.call
+    tls = _CALLS_PER_PROCESS.tls
+    call = tls.call
     if call is not None:
-        _tls.call = None
+        tls.call = None
     return call
 
 
@@ -268,8 +300,9 @@ def _wrap_invoke_udf(orig: Any, remote: bool) -> Any:
 
 
 def _wrap_rpc_builtin(orig: Any) -> Any:
+    tls = _CALLS_PER_PROCESS.tls
     def invoke(dst: Any, qualname: str, timeout: float, *args: Any, **kwargs: Any) -> Any:
-        if not _SWITCH_PER_PROCESS.on or _tls.paused:
+        if not _SWITCH_PER_PROCESS.on or tls.paused:
             return orig(dst, qualname, timeout, *args, **kwargs)
         t0 = perf_counter()
         fut = orig(dst, qualname, timeout, *args, **kwargs)
@@ -280,8 +313,9 @@ def _wrap_rpc_builtin(orig: Any) -> Any:
 
 
 def _wrap_remote_builtin(orig: Any) -> Any:
+    tls = _CALLS_PER_PROCESS.tls
     def invoke(dst: Any, qualname: str, timeout: float, *args: Any, **kwargs: Any) -> Any:
-        if not _SWITCH_PER_PROCESS.on or _tls.paused:
+        if not _SWITCH_PER_PROCESS.on or tls.paused:
             return orig(dst, qualname, timeout, *args, **kwargs)
         t0 = perf_counter()
         rref = orig(dst, qualname, timeout, *args, **kwargs)
@@ -292,9 +326,10 @@ def _wrap_remote_builtin(orig: Any) -> Any:
 
 
 def _wrap_rpc_script(orig: Any) -> Any:
+    tls = _CALLS_PER_PROCESS.tls
     def invoke(dst: str, qualname: str, args: Any, kwargs: Any, timeout: float,
                is_async: bool) -> Any:
-        if not _SWITCH_PER_PROCESS.on or _tls.paused:
+        if not _SWITCH_PER_PROCESS.on or tls.paused:
             return orig(dst, qualname, args, kwargs, timeout, is_async)
         t0 = perf_counter()
         fut = orig(dst, qualname, args, kwargs, timeout, is_async)
@@ -305,9 +340,10 @@ def _wrap_rpc_script(orig: Any) -> Any:
 
 
 def _wrap_remote_script(orig: Any) -> Any:
+    tls = _CALLS_PER_PROCESS.tls
     def invoke(dst: str, qualname: str, timeout: float, is_async: bool, *args: Any,
                **kwargs: Any) -> Any:
-        if not _SWITCH_PER_PROCESS.on or _tls.paused:
+        if not _SWITCH_PER_PROCESS.on or tls.paused:
             return orig(dst, qualname, timeout, is_async, *args, **kwargs)
         t0 = perf_counter()
         rref = orig(dst, qualname, timeout, is_async, *args, **kwargs)
@@ -320,14 +356,17 @@ def _wrap_remote_script(orig: Any) -> Any:
 def _wrap_to_here(orig: Any) -> Any:
     from torch.distributed.rpc.constants import UNSET_RPC_TIMEOUT
 
+    tls = _CALLS_PER_PROCESS.tls
+    finished = _CALLS_PER_PROCESS.done
+
     def to_here(self: Any, timeout: float = UNSET_RPC_TIMEOUT) -> Any:
-        if not _SWITCH_PER_PROCESS.on or _tls.paused or self.is_owner():
+        if not _SWITCH_PER_PROCESS.on or tls.paused or self.is_owner():
             return orig(self, timeout)
         t0 = perf_counter()
         value = orig(self, timeout)
-        _done.append((self.owner_name(), "RRef.to_here", t0, perf_counter() - t0,
+        finished.append((self.owner_name(), "RRef.to_here", t0, perf_counter() - t0,
                       _value_bytes(value)))
-        if len(_done) > FOLD_AT:
+        if len(finished) > FOLD_AT:
             _fold()
         return value
 
@@ -341,7 +380,8 @@ def install(rank: int, name: str) -> None:
 
     Called on every rank as it joins a world, before ``init_rpc``.
     """
-    with _install_lock:
+    install_lock = _CALLS_PER_PROCESS.install_lock
+    with install_lock:
         here = world_state.part(_TracedWorld)
         here.caller, here.armed = name, False
         if rank != 0:  # a worker takes the notebook's setting through its environment
@@ -357,15 +397,35 @@ def install(rank: int, name: str) -> None:
         _TORCH_PER_PROCESS.Tensor = torch.Tensor
         _TORCH_PER_PROCESS.proxy_funcs = (rref_proxy._local_invoke,
                                           rref_proxy._local_invoke_async_execution)
-        api.PythonUDF = _wrap_python_udf(api.PythonUDF)
-        api._invoke_rpc_python_udf = _wrap_invoke_udf(api._invoke_rpc_python_udf, False)
-        api._invoke_remote_python_udf = _wrap_invoke_udf(api._invoke_remote_python_udf, True)
-        api._invoke_rpc_builtin = _wrap_rpc_builtin(api._invoke_rpc_builtin)
-        api._invoke_remote_builtin = _wrap_remote_builtin(api._invoke_remote_builtin)
-        api._invoke_rpc_torchscript = _wrap_rpc_script(api._invoke_rpc_torchscript)
-        api._invoke_remote_torchscript = _wrap_remote_script(api._invoke_remote_torchscript)
-        PyRRef.to_here = _wrap_to_here(PyRRef.to_here)
-        api.rpc_sync = rpc.rpc_sync = _wrap_rpc_sync(api.rpc_sync)
+        wrappers = {(api, "PythonUDF"): _wrap_python_udf,
+                    (api, "_invoke_rpc_python_udf"): lambda f: _wrap_invoke_udf(f, False),
+                    (api, "_invoke_remote_python_udf"): lambda f: _wrap_invoke_udf(f, True),
+                    (api, "_invoke_rpc_builtin"): _wrap_rpc_builtin,
+                    (api, "_invoke_remote_builtin"): _wrap_remote_builtin,
+                    (api, "_invoke_rpc_torchscript"): _wrap_rpc_script,
+                    (api, "_invoke_remote_torchscript"): _wrap_remote_script,
+                    (PyRRef, "to_here"): _wrap_to_here}
+        for (owner, attr), wrap in wrappers.items():
+            replace("tracing", owner, attr, wrap(getattr(owner, attr)))
+        if has("rpc_hooks.caller"):  # its rpc_sync times the call: no second wrapper
+            HOOKS.sync_timing = SyncTiming(_SWITCH_PER_PROCESS, _CALLS_PER_PROCESS.tls,
+                                           _sync_end)
+        else:
+            rpc_sync = _wrap_rpc_sync(api.rpc_sync)
+            for module in (api, rpc):
+                replace("tracing", module, "rpc_sync", rpc_sync)
+
+
+def uninstall() -> list[str]:
+    """torch's RPC entry points untimed again; what stayed in place (another feature's
+    wrapper on top: uninstall that first)."""
+    install_lock = _CALLS_PER_PROCESS.install_lock
+    with install_lock:
+        left = restore("tracing")
+        if not left:
+            HOOKS.sync_timing = None
+            forget("tracing")
+    return left
 
 
 def set_peers(peers: Callable[[], list[str]] | None) -> None:
@@ -416,11 +476,12 @@ def enable(on: bool = True, everywhere: bool = True, timeout: float = 10.0) -> N
 @contextlib.contextmanager
 def paused() -> Iterator[None]:
     """Do not trace RPCs made by this thread inside the ``with`` block."""
-    _tls.paused += 1
+    tls = _CALLS_PER_PROCESS.tls
+    tls.paused += 1
     try:
         yield
     finally:
-        _tls.paused -= 1
+        tls.paused -= 1
 
 
 # ---------------------------------------------------------------------------- aggregation
@@ -450,8 +511,9 @@ _AGG_PER_PROCESS = _Aggregates()
 
 def _take_done() -> list[tuple]:
     """Completed calls of this rank as ``(callee, function, wall time, latency, bytes)``."""
-    n = len(_done)
-    pop = _done.popleft
+    finished = _CALLS_PER_PROCESS.done
+    n = len(finished)
+    pop = finished.popleft
     off = _world().wall_offset
     rows = []
     try:
@@ -483,7 +545,8 @@ def _add(caller: str, rows: list[tuple]) -> None:
 
 
 def _drain_local() -> None:
-    if _done:
+    finished = _CALLS_PER_PROCESS.done
+    if finished:
         _add(_world().caller, _take_done())
 
 
@@ -498,7 +561,8 @@ def _fold() -> None:
 
 def _ship() -> list[dict]:
     """Worker side: this rank's new rows as internal records for the next metrics batch."""
-    if not _done:
+    finished = _CALLS_PER_PROCESS.done
+    if not finished:
         return []
     return [{records.INTERNAL: "trace", "caller": _world().caller, "rows": _take_done()}]
 

@@ -256,7 +256,7 @@ def test_plain_spawn_where_it_would_work_and_where_nbdist_spawn_is_0(kernel, tmp
 
 HOOK = """
 import sys
-import nbdist.spawn.patch as patch
+import nbdist.patches.mp_spawn as patch
 patch.install()
 assert "torch" not in sys.modules  # installing it imports nothing
 import torch.multiprocessing as mp

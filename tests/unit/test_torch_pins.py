@@ -130,6 +130,15 @@ PINNED = {
     "torch.distributed.distributed_c10d._update_default_pg",
     "torch._C._distributed_c10d._register_process_group",
     "torch._C._distributed_c10d._unregister_process_group",
+    "cloudpickle.cloudpickle._find_imported_submodules",
+    "cloudpickle.cloudpickle._extract_code_globals",
+    "cloudpickle.cloudpickle._get_cell_contents",
+    "cloudpickle.cloudpickle._empty_cell_value",
+    "cloudpickle.cloudpickle._class_setstate",
+    "cloudpickle.cloudpickle._make_skeleton_class",
+    "cloudpickle.cloudpickle._DYNAMIC_CLASS_TRACKER_BY_ID",
+    "cloudpickle.cloudpickle._should_pickle_by_reference",
+    "cloudpickle.cloudpickle.Pickler.globals_ref",
 }
 
 
@@ -177,6 +186,27 @@ def test_the_accepted_range_is_the_verified_versions():
     table = (ROOT / "docs" / "torch-versions.md").read_text()
     for version in torch_private.VERIFIED:
         assert f"\n| {version} |" in table, f"docs/torch-versions.md's table lacks {version}"
+
+
+def test_the_accepted_cloudpickle_is_the_verified_versions():
+    """pyproject.toml accepts cloudpickle from the oldest version its private names were
+    checked on (this one among them) up to the newest's next minor."""
+    import re
+
+    import cloudpickle
+    from conftest import ROOT
+
+    from nbdist.patches import torch_private
+
+    low, high = re.search(r'"cloudpickle>=([\d.]+),<([\d.]+)"',
+                          (ROOT / "pyproject.toml").read_text()).groups()
+    verified = sorted(tuple(map(int, v.split("."))) for v in torch_private.CLOUDPICKLE_VERIFIED)
+    assert cloudpickle.__version__ in torch_private.CLOUDPICKLE_VERIFIED
+    assert tuple(map(int, low.split("."))) == verified[0]
+    assert tuple(map(int, high.split("."))) == (verified[-1][0], verified[-1][1] + 1)
+    cloudpickle_names = [p for p in torch_private.PRIVATES if p.module.startswith("cloudpickle")]
+    assert cloudpickle_names and all(p.verified == torch_private.CLOUDPICKLE_VERIFIED
+                                     for p in cloudpickle_names)
 
 
 def test_every_private_torch_name_in_the_source_is_in_the_registry():

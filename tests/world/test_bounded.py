@@ -98,7 +98,7 @@ def test_rank0_tracing_buffer_folds_into_the_aggregates(world, monkeypatch):
     monkeypatch.setattr(tracing, "FOLD_AT", 100)
     for i in range(400):
         rpc.rpc_sync(c.names[1], _echo, args=(i,))
-        assert len(tracing._done) <= 101
+        assert len(tracing._CALLS_PER_PROCESS.done) <= 101
     assert tracing.total_calls() == 400
     tracing.clear()
 

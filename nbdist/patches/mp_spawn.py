@@ -18,9 +18,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..envflag import switched_on
-from ..patches import on_import
+from . import on_import
+from .replaced import replace, restore
 
-__all__ = ["DECLINE", "ENV", "attach", "install", "installed", "original"]
+__all__ = ["DECLINE", "ENV", "attach", "install", "installed", "original", "uninstall"]
 
 ENV = "NBDIST_SPAWN"
 _PACKAGE = "torch.multiprocessing"
@@ -101,6 +102,16 @@ def _patch() -> None:
         return
     start_processes.__doc__ = orig.__doc__ or start_processes.__doc__
     _PATCH_PER_PROCESS.original = orig
-    module.start_processes = start_processes
+    replace("spawn", module, "start_processes", start_processes)
     if getattr(package, "start_processes", None) is orig:
-        package.start_processes = start_processes
+        replace("spawn", package, "start_processes", start_processes)
+
+
+def uninstall() -> list[str]:
+    """torch's own ``start_processes`` again; what stayed in place."""
+    with _PATCH_PER_PROCESS.lock:
+        left = restore("spawn")
+        if not left:
+            _PATCH_PER_PROCESS.original = None
+            _PATCH_PER_PROCESS.waiting = False
+    return left
