@@ -20,8 +20,8 @@ from ..errors import (
 )
 from ..output.rich_output import RichOutput
 from ..output.router import Router, StatusLine
+from ..rank_info import RankInfo
 from .hints import where_defined
-from .rank_table import RankInfo
 
 __all__ = ["Cells"]
 

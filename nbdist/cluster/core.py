@@ -25,11 +25,12 @@ from ..hosts.scheduler import enclosing_hosts
 from ..output.receiver import Receiver
 from ..output.router import Router
 from ..patches import rpc_hooks
+from ..rank_info import RankInfo
 from ..spec import WorldSpec, parse_hosts, parse_ranks
 from ..telemetry import events
 from .cells import Cells
 from .heal import Healer
-from .rank_table import ClusterState, RankInfo
+from .rank_table import ClusterState
 from .session import SESSION
 from .startup import Cancelled
 from .status import HostTable, StatusTable, collect_status, host_status, remote_samples
@@ -107,7 +108,7 @@ def _start_new(spec: WorldSpec, quiet: bool, handle: Cluster | None = None,
     since = time.monotonic() if since is None else since
     before = SESSION.allocation
     try:
-        spec = allocation.provide(spec, quiet)
+        spec = allocation.provide(spec, SESSION, quiet)
         if handle is None:
             cluster = Cluster(spec)
         else:
@@ -218,8 +219,9 @@ class Cluster:
         self.router.aggregate = spec.aggregates()
         cv = threading.Condition()
         self.cells = Cells(self.ranks, cv, self._require_running, SESSION.exec_ids)
-        self._receiver = Receiver(self.ranks, self.router, self.cells, self.cells.rich,
-                                  self.cells.desk, cv)
+        self._receiver = Receiver(self.ranks, self.router, self.cells.rich, self.cells.desk,
+                                  self.cells.comms, cv, on_result=self.cells.deliver,
+                                  on_flushed=self.cells.flushed)
         self._world = World(spec, self.names, self.ranks, cv, self.router, self.cells,
                             self._receiver, self.epoch, on_up=self._became_current,
                             on_down=self._stopped, on_death=self._died)
@@ -413,7 +415,7 @@ class Cluster:
         """One row per host of this world: its agent's pid, ranks, load and free memory
         (under ``--slurm``, a first line with the job, its state and time left)."""
         return host_status(self, self._world.agents,
-                           allocation.describe() if self.spec.scheduled else "")
+                           allocation.describe(SESSION.allocation) if self.spec.scheduled else "")
 
     def device(self, rank: int = 0) -> str | None:
         """``"cuda:i"`` where ``rank`` runs on a GPU in this world, else None."""
@@ -508,7 +510,7 @@ class Cluster:
         spec = _changed(self.spec, n, changes)
         _refuse_a_second_world(self)
         if keep and spec.scheduled and spec.scheduler_options == self.spec.scheduler_options \
-                and allocation.ended(spec):
+                and allocation.ended(spec, SESSION.allocation):
             keep = False  # its ranks are gone: provide() asks again, and its line says so
         if keep and self.running:
             self._rebuild(spec, quiet, since=since)

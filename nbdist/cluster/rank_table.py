@@ -1,15 +1,12 @@
-"""The rank table of a world and the one lifecycle state of a ``Cluster``."""
+"""The one lifecycle state of a ``Cluster``."""
 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
 
-from ..control.channel import Channel
 from ..errors import ClusterStateError
-from ..hosts.launch import describe_exit
 
-__all__ = ["ClusterState", "RankInfo"]
+__all__ = ["ClusterState"]
 
 
 class ClusterState(enum.Enum):
@@ -46,38 +43,3 @@ class ClusterState(enum.Enum):
 
 _LIVE = frozenset({ClusterState.RUNNING, ClusterState.HEALING, ClusterState.RESTARTING,
                    ClusterState.GROWING})
-
-
-@dataclass
-class RankInfo:
-    """One rank: who it is, its process, its control channel, and how it ended."""
-
-    rank: int
-    name: str
-    pid: int | None = None
-    started: float = 0.0
-    channel: Channel | None = None
-    ready: bool = False
-    exit_code: int | None = None
-    failure: str | None = None
-    host: str | None = None  # None: the notebook's machine
-    lost: str | None = None  # why its host was lost, if it was
-    device: str | None = None  # "cuda:i" where the rank runs on a GPU
-
-    @property
-    def alive(self) -> bool:
-        return self.pid is not None and self.exit_code is None
-
-    def reason(self) -> str:
-        """How it ended, in words, with the last line of a start-up traceback if any."""
-        if self.lost:
-            return f"lost with its host {self.host} ({self.lost})"
-        text = describe_exit(self.exit_code)
-        if self.failure:
-            last = self.failure.strip().splitlines()[-1]
-            text += f" after: {last}"
-        return text
-
-    def label(self) -> str:
-        where = f" on {self.host}" if self.host else ""
-        return f"rank {self.rank} ({self.name}){where}"

@@ -34,13 +34,14 @@ from ..output.receiver import Receiver
 from ..output.router import Router
 from ..patches import no_rpc, rpc_hooks
 from ..proc import cuda, nccl
-from ..proc.rank_config import RankConfig, world_group
 from ..proc.runtime import pid_alive
+from ..rank_config import RankConfig, world_group
+from ..rank_info import RankInfo
 from ..spec import WorldSpec
 from ..telemetry import records, tracing
 from .cells import Cells
 from .followup import FollowUps
-from .rank_table import ClusterState, RankInfo
+from .rank_table import ClusterState
 from .session import SESSION
 from .shield import held_interrupts
 from .startup import Cancelled, Rank0, StartWatch, worker_config
@@ -103,8 +104,9 @@ class World:
         """Each local rank's device, the group's backend and device maps (ValueError if the
         flags cannot be met here)."""
         has_cuda, count = cuda.visible()
+        remote = allocation.remote_devices(spec, SESSION.allocation)
         return devices.setup(spec.gpus, spec.group_backend, spec.device_maps, names,
-                             spec.n + 1, count, has_cuda, allocation.remote_devices(spec))
+                             spec.n + 1, count, has_cuda, remote)
 
     def start(self, quiet: bool, since: float | None = None) -> None:
         """Start every rank and join them as rank 0; on any failure, tear down and raise.
@@ -221,7 +223,7 @@ class World:
             self.listener = Listener(os.path.join(self.world_dir, f"ctl-{self.epoch}"),
                                      self.key)
         template.on_exit = self.on_exit
-        shares = allocation.rank_shares(spec)
+        shares = allocation.rank_shares(spec, SESSION.allocation)
         group = world_group(spec, self.gpu)  # the default group, the same for every rank
         self.master = torchrun_env.master(iface.address if iface else "127.0.0.1")
         rank0_cfg, *configs = [  # rank 0's from the same builder as every worker's
@@ -326,10 +328,10 @@ class World:
         as a death (``--heal`` replaces them). When the world's allocation ended, every rank
         on it is lost, in one line in SLURM's words (asked once the job has finished
         completing, a few seconds at most)."""
-        scheduled = self.running and self.spec.scheduled
-        why = (allocation.lost_why(self.spec, host) if scheduled else None) or why
+        scheduled, job = self.running and self.spec.scheduled, SESSION.allocation
+        why = (allocation.lost_why(self.spec, host, job) if scheduled else None) or why
         lost = self._lose({host}, why)
-        ended = allocation.ended(self.spec) if scheduled else None
+        ended = allocation.ended(self.spec, job) if scheduled else None
         if ended is not None:
             hosts = sorted({h for h, _ in self.spec.hosts})
             lost = self._lose(set(hosts), ended, relabel=True)

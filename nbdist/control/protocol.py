@@ -20,7 +20,7 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
-    from ..proc.rank_config import RankConfig
+    from ..rank_config import RankConfig
 
 __all__ = [
     "HEADER",

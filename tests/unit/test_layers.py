@@ -14,14 +14,19 @@ PKG = ROOT / "nbdist"
 
 # lower number = lower layer; a module may import its own layer or lower ones. A room holding
 # both sides of a feature gives the ranks' side its own, lower layer (the longest name wins).
+# No room shares a layer with one it must not import: the facade (``cluster``) stands above
+# the notebook's sides of the feature rooms it drives, and the control channel below every
+# process that speaks it; the data they share (``RankInfo``, ``RankConfig``) is plain data.
 LAYERS = {
     "devices": 0, "envflag": 0, "errors": 0, "linux": 0, "spec": 0, "table": 0,
-    "tracebacks": 0, "world_state": 0,
+    "tracebacks": 0, "world_state": 0, "rank_config": 0, "rank_info": 0,
     "patches": 1, "shipping": 1, "shm": 1, "groups": 1, "telemetry": 1,
-    "proc": 2, "control": 2, "hosts": 2,
-    "output.rank_streams": 2, "comms.channel_comm": 2, "debugging.remote_pdb": 2,
-    "cluster": 3, "spawn": 3, "output": 3, "comms": 3, "debugging": 3, "hosts.allocation": 3,
-    "magics": 4, "join": 4, "display": 4, "parallel": 4, "tutorials": 4, "__init__": 4,
+    "control": 2,
+    "proc": 3, "hosts": 3,
+    "output.rank_streams": 3, "comms.channel_comm": 3, "debugging.remote_pdb": 3,
+    "output": 4, "comms": 4, "debugging": 4, "hosts.allocation": 4,
+    "cluster": 5, "spawn": 5,
+    "magics": 6, "join": 6, "display": 6, "parallel": 6, "tutorials": 6, "__init__": 6,
 }
 
 
@@ -92,6 +97,19 @@ def test_the_checker_sees_upward_imports():
     assert found == ["cluster.core", "display.live", "magics"]
     assert all(_layer(t)[1] > _layer("control.channel")[1] for t in found)
     assert _layer("output.rank_streams")[1] < _layer("output.router")[1]
+
+
+def test_the_rooms_that_called_up_stand_below_their_callers():
+    """The arrows that once ran up the house (issue 53) cannot come back on one layer: the
+    notebook's sides of output, debugging and hosts stand below ``cluster``, the control
+    channel below ``proc``, and the data they share at the bottom."""
+    for lower, upper in [("output.receiver", "cluster.cells"),
+                         ("output.rich_output", "cluster.core"),
+                         ("debugging.prompts", "cluster.world"),
+                         ("hosts.allocation", "cluster.session"),
+                         ("control.protocol", "proc.worker"),
+                         ("rank_info", "control.channel"), ("rank_config", "patches")]:
+        assert _layer(lower)[1] < _layer(upper)[1], f"{lower} must stand below {upper}"
 
 
 # -- circles ----------------------------------------------------------------------------------
