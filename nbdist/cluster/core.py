@@ -30,7 +30,7 @@ from ..spec import WorldSpec, parse_hosts, parse_ranks
 from ..telemetry import events
 from .cells import Cells
 from .heal import Healer
-from .rank_table import ClusterState
+from .lifecycle import ClusterState
 from .session import SESSION
 from .startup import Cancelled
 from .status import HostTable, StatusTable, collect_status, host_status, remote_samples

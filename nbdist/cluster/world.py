@@ -41,7 +41,7 @@ from ..spec import WorldSpec
 from ..telemetry import records, tracing
 from .cells import Cells
 from .followup import FollowUps
-from .rank_table import ClusterState
+from .lifecycle import ClusterState
 from .session import SESSION
 from .shield import held_interrupts
 from .startup import Cancelled, Rank0, StartWatch, worker_config
@@ -65,7 +65,7 @@ class World:
         self.router, self.cells, self.receiver, self.epoch = router, cells, receiver, epoch
         self._on_up, self._on_down, self._on_death = on_up, on_down, on_death
         self._by_name = {nm: r for r, nm in enumerate(names)}
-        self.state = ClusterState.NEW
+        self._state = ClusterState.NEW  # changed by _move only
         self.startup_seconds = 0.0
         self.iface: netif.Interface | None = None
         self.master: dict[str, str] = {}  # MASTER_ADDR/MASTER_PORT of this world's ranks
@@ -79,6 +79,15 @@ class World:
         self.gpu: devices.Setup | None = None  # set by check()
         self.why_no_rpc = ""  # no_rpc.FLAG or BUILD in a world without RPC
         self._told_end = False  # the end of the world's allocation was reported
+
+    @property
+    def state(self) -> ClusterState:
+        """Where this world is in its life (``lifecycle.MOVES``)."""
+        return self._state
+
+    def _move(self, new: ClusterState) -> None:
+        """Go to state ``new``; ``ClusterStateError`` if ``MOVES`` has no such move."""
+        self._state = self._state.moved_to(new)
 
     @property
     def running(self) -> bool:
@@ -112,7 +121,7 @@ class World:
         """Start every rank and join them as rank 0; on any failure, tear down and raise.
         ``since`` (``time.monotonic()``): when the user asked, for the start line's time."""
         self.state.require(ClusterState.NEW, doing="start")
-        self.state = ClusterState.STARTING
+        self._move(ClusterState.STARTING)
         t0 = time.monotonic()
         spec = self.spec
         watch = StartWatch(self.ranks, t0 + spec.start_timeout, spec.start_timeout, self.cv)
@@ -151,7 +160,7 @@ class World:
         ``cancelled`` (says why, or "") calls it off at its next wait (``Cancelled``)."""
         self.state.require(ClusterState.RUNNING, doing="restart keeping state")
         gpu = self._plan_devices(spec, names)
-        self.state = phase
+        self._move(phase)
         t0 = time.monotonic()
         try:
             self._leave_rpc()
@@ -258,7 +267,7 @@ class World:
             watch.ping_all()
 
     def _running(self, since: float) -> None:
-        self.state = ClusterState.RUNNING
+        self._move(ClusterState.RUNNING)
         self.startup_seconds = time.monotonic() - since
         torchrun_env.enter({**torchrun_env.variables(0, self.spec.placement()), **self.master})
         records.set_identity(0, self.names[0])
@@ -426,7 +435,7 @@ class World:
             self._teardown(timeout)
 
     def _teardown(self, timeout: float) -> None:
-        self.state = ClusterState.STOPPING
+        self._move(ClusterState.STOPPING)
         try:
             self.router.muted = True
             self._leave_rpc()
@@ -443,7 +452,7 @@ class World:
                 shutil.rmtree(self.world_dir, ignore_errors=True)
         finally:
             torchrun_env.leave()
-            self.state = ClusterState.STOPPED
+            self._move(ClusterState.STOPPED)
             self._on_down()
 
     @staticmethod
