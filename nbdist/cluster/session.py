@@ -32,6 +32,7 @@ from ..hosts.netif import Interface
 from ..hosts.scheduler import Allocation
 from ..proc.runtime import runtime_dir
 from ..spec import WorldSpec
+from ..thread_raise import raise_in
 from .warmup import Warmup
 
 __all__ = ["PREWARM_ENV", "SESSION", "Session", "prewarm_enabled"]
@@ -186,8 +187,6 @@ def _abandon_in_gloo(joiner: threading.Thread) -> bool:
     start's deadline (issue 45, seed 6). The call holds only its own store and group, and
     the pending exception fires at its next Python instruction, before the RPC agent or any
     of RPC's globals are set, so the next ``init_rpc`` need not wait for it."""
-    import ctypes
-
     from ..patches.torch_private import usable
 
     if not usable("restart"):
@@ -196,9 +195,7 @@ def _abandon_in_gloo(joiner: threading.Thread) -> bool:
     if frame is None or (frame.f_code.co_name, frame.f_code.co_filename.replace(
             os.sep, "/").endswith(_GLOO_FRAME[1])) != (_GLOO_FRAME[0], True):
         return False
-    hit = ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(joiner.ident),
-                                                     ctypes.py_object(_WorldGone))
-    return hit == 1
+    return raise_in(joiner.ident, _WorldGone)
 
 
 def _drop_late_agent() -> None:

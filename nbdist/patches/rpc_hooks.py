@@ -12,7 +12,6 @@ Private torch names: ``tests/unit/test_torch_pins.py`` fails loudly if an upgrad
 from __future__ import annotations
 
 import collections
-import ctypes
 import functools
 import re
 import sys
@@ -24,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .. import world_state
+from ..thread_raise import clear_pending, raise_in
 from . import torch_private
 from .installed import HOOKS, first_time
 from .thread_states import pin
@@ -344,9 +344,9 @@ def _leave(tid: int, token: object) -> None:
             calls.discard(token)
             if not calls:
                 del _active[tid]
-        if tid in _hit and tid not in _active:  # no ctypes call unless one was injected
+        if tid in _hit and tid not in _active:  # no call into CPython unless one was injected
             _hit.discard(tid)
-            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(tid), None)
+            clear_pending(tid)
 
 
 def _call_after_call() -> None:
@@ -399,8 +399,7 @@ def interrupt_rpc_threads() -> int:
     with _active_lock:  # held while injecting: a thread cannot leave _active meanwhile
         for tid in _active:
             _hit.add(tid)
-            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(tid),
-                                                       ctypes.py_object(KeyboardInterrupt))
+            raise_in(tid, KeyboardInterrupt)
         return len(_active)
 
 

@@ -14,7 +14,6 @@ interrupts every rank.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import functools
 import itertools
 import os
@@ -30,6 +29,7 @@ from ..cluster import core
 from ..cluster.failfast import FailFast
 from ..errors import DistTimeoutError, RankFailure
 from ..spawn import one_rank as spawned, patch
+from ..thread_raise import raise_in
 
 __all__ = ["AFTER_FAILURE", "BARE", "install", "starts_rpc", "take"]
 
@@ -246,8 +246,7 @@ class _Spawn:
         self._interrupt_workers()
         t = self.thread
         if t is not None and t.is_alive() and t.ident is not None:
-            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(t.ident),
-                                                       ctypes.py_object(KeyboardInterrupt))
+            raise_in(t.ident, KeyboardInterrupt)
 
     def _interrupt_workers(self) -> None:
         if self.cluster is not None and self.targets:

@@ -20,6 +20,7 @@ PKG = ROOT / "nbdist"
 LAYERS = {
     "devices": 0, "envflag": 0, "errors": 0, "linux": 0, "spec": 0, "table": 0,
     "tracebacks": 0, "world_state": 0, "rank_config": 0, "rank_info": 0,
+    "thread_raise": 0,
     "patches": 1, "shipping": 1, "shm": 1, "groups": 1, "telemetry": 1,
     "control": 2,
     "proc": 3, "hosts": 3,
@@ -267,6 +268,13 @@ def test_schedulers_are_reached_only_through_the_door():
     past = [f"{name} imports {', '.join(sorted(edges & inner))}"
             for name, edges in _graph().items() if edges & inner and name not in allowed]
     assert not past, "import schedulers from hosts/scheduler.py:\n" + "\n".join(past)
+
+
+def test_one_module_raises_in_other_threads():
+    """``thread_raise.py`` is the one caller of CPython's ``PyThreadState_SetAsyncExc``."""
+    callers = sorted(p.relative_to(PKG).as_posix() for p in PKG.rglob("*.py")
+                     if "PyThreadState_SetAsyncExc" in p.read_text())
+    assert callers == ["thread_raise.py"], "raise in a thread with thread_raise.raise_in"
 
 
 def test_the_global_budget_holds():
