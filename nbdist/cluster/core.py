@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from dataclasses import replace
-from typing import Any, ClassVar
+from typing import Any
 
 from ..control.protocol import Debug
 from ..errors import ClusterStateError, DistTimeoutError, StartError, WorkerDiedError
@@ -37,19 +37,25 @@ from .status import HostTable, StatusTable, collect_status, host_status, remote_
 from .views import Load, View, select
 from .world import World
 
-__all__ = ["Cluster", "current", "last_spec", "release_hosts", "restart", "start", "stop"]
+__all__ = ["Cluster", "current", "last_spec", "latest", "release_hosts", "restart", "start",
+           "stop"]
 
 
 def current() -> Cluster | None:
     """The active cluster of this notebook process, or None: running, or rebuilt in place
     (healing, restarting or growing with ``--keep``: its ranks run, a cell waits for it)."""
-    c = Cluster.latest
+    c = SESSION.latest
     return c if c is not None and c.state.live else None
+
+
+def latest() -> Cluster | None:
+    """The world started last in this process: running, stopping, stopped or failed."""
+    return SESSION.latest
 
 
 def last_spec() -> WorldSpec | None:
     """The settings of the most recently started world (for ``%dist_restart`` after a stop)."""
-    return Cluster.last_spec
+    return SESSION.last_spec
 
 
 def start(n: int, *, name: str = "worker0", worker_name: str = "worker{rank}",
@@ -134,13 +140,13 @@ def restart(n: int | None = None, *, keep: bool = False, quiet: bool = False,
     c = current()
     if c is not None:
         return c.restart(n, keep=keep, quiet=quiet, **changes)
-    if Cluster.last_spec is None:
+    if SESSION.last_spec is None:
         raise ClusterStateError("no world to restart; start one with `%dist_start N`")
     if keep and not quiet:
         print("nbdist: no world is running, so no rank has state to keep; starting a fresh one")
     if _drops_scheduler(changes):
         SESSION.close_agents()
-    return _start_new(_changed(Cluster.last_spec, n, changes), quiet, since=since)
+    return _start_new(_changed(SESSION.last_spec, n, changes), quiet, since=since)
 
 
 def _drops_scheduler(changes: dict[str, Any]) -> bool:
@@ -180,14 +186,14 @@ def _changed(spec: WorldSpec, n: int | None, changes: dict[str, Any]) -> WorldSp
 
 def stop() -> None:
     """Stop the active cluster, if any."""
-    if Cluster.latest is not None:
-        Cluster.latest.stop()
+    if SESSION.latest is not None:
+        SESSION.latest.stop()
 
 
 def release_hosts() -> int:
     """End the join agents kept warm on other hosts (a running world that uses them is
     stopped first); returns how many there were. They also end with this process."""
-    c = Cluster.latest
+    c = SESSION.latest
     if c is not None and c.spec.hosts:
         c.stop()
     return SESSION.close_agents()
@@ -195,10 +201,6 @@ def release_hosts() -> int:
 
 class Cluster:
     """A running local world. Use ``nbdist.start`` to make one."""
-
-    #: The world started last in this process (running, or stopping, or failed), and its spec.
-    latest: ClassVar[Cluster | None] = None
-    last_spec: ClassVar[WorldSpec | None] = None
 
     def __init__(self, spec: WorldSpec) -> None:
         self._build(spec)
@@ -259,8 +261,8 @@ class Cluster:
     @tabs.setter
     def tabs(self, on: bool) -> None:
         self.spec = replace(self.spec, tabs=bool(on))
-        if Cluster.last_spec is not None:
-            Cluster.last_spec = replace(Cluster.last_spec, tabs=bool(on))
+        if SESSION.last_spec is not None:
+            SESSION.last_spec = replace(SESSION.last_spec, tabs=bool(on))
 
     @property
     def startup_seconds(self) -> float:
@@ -269,7 +271,7 @@ class Cluster:
     def _start(self, quiet: bool, since: float) -> None:
         _refuse_a_second_world(self)
         self._world.check()  # bad --iface or --launcher: ValueError before anything starts
-        Cluster.last_spec = self.spec
+        SESSION.last_spec = self.spec
         self._world.start(quiet, since)
         self._follow_heal_flag()
 
@@ -283,11 +285,11 @@ class Cluster:
             self.healer = None
 
     def _became_current(self) -> None:
-        Cluster.latest = self
+        SESSION.latest = self
 
     def _stopped(self) -> None:
-        if Cluster.latest is self:
-            Cluster.latest = None
+        if SESSION.latest is self:
+            SESSION.latest = None
 
     # ------------------------------------------------------------------ cells
     def run(self, code: str, ranks: Any = None, timeout: float | None = None,
@@ -565,7 +567,7 @@ class Cluster:
                 self._settled.set()
             self.spec, self.names, self.epoch = spec, spec.names(), epoch
             self.router.aggregate = spec.aggregates()
-            Cluster.last_spec = spec
+            SESSION.last_spec = spec
             self._follow_heal_flag()
             line = _kept_line(spec.world_size, self._world.startup_seconds, kept, before,
                               healing)
@@ -603,14 +605,14 @@ def _give_way_at_exit() -> None:
     """First thing at exit: a heal or keep-restart under way gives up and tears its world
     down while the template still reports its workers' exits (bounded: Jupyter gives a
     kernel a few seconds)."""
-    if Cluster.latest is not None:
-        Cluster.latest._give_way("the process is exiting", timeout=3.0)
+    if SESSION.latest is not None:
+        SESSION.latest._give_way("the process is exiting", timeout=3.0)
 
 
 def _stop_at_exit() -> None:
     """The process is exiting: stop its world quickly (after the template and agents)."""
-    if Cluster.latest is not None:
-        Cluster.latest.stop(timeout=1.0)
+    if SESSION.latest is not None:
+        SESSION.latest.stop(timeout=1.0)
 
 
 def _kept_line(size: int, seconds: float, kept: set[int], before: dict[int, tuple],

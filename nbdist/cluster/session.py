@@ -1,6 +1,6 @@
 """What the notebook process keeps between worlds, in one object: the warm template, the
-runtime directory, the join agents, and the counters worlds draw from (the current world
-itself is ``core.Cluster``'s to keep).
+runtime directory, the join agents, the counters worlds draw from, and the world started last
+with its spec (``core`` sets them; ``%dist_restart`` repeats the spec).
 
 At interpreter exit it runs ``before_exit`` (``core`` calls off a heal under way, while the
 template still reports its workers' exits), removes the runtime directory, stops the template
@@ -62,6 +62,8 @@ class Session:
         self.before_exit: list[Callable[[], None]] = []  # run first at exit, in order
         self.on_exit: list[Callable[[], None]] = []  # run last at exit, in order
         self.warmup = Warmup()  # torch's RPC imported here in the background
+        self.latest: Any = None  # the world started last (``core.Cluster``), stopped or not
+        self.last_spec: WorldSpec | None = None  # what the last start asked for (restart's)
 
     def settle_joiner(self, deadline: float) -> None:
         """Before a new ``init_rpc``: let a failed start's joining thread end (it is bounded

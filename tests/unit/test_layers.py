@@ -325,12 +325,27 @@ def test_every_per_process_object_is_in_the_layout_list():
     assert listed - defined == set(), "docs/layout.md's list names objects that do not exist"
 
 
+#: calls that make a mutable container: one in a class's body is shared by every instance
+_CONTAINERS = {"dict", "list", "set", "deque", "OrderedDict", "defaultdict", "WeakSet",
+               "WeakKeyDictionary", "WeakValueDictionary"}
+
+
 def _class_attributes_set(source: str) -> list[tuple[int, str]]:
     """(line, ``Class.attr``) for each assignment to an attribute of a class the module
-    defines at its top level: the class used as a namespace of mutable state."""
+    defines at its top level, and each mutable container in a class's body (shared by its
+    instances): the class used as a namespace of mutable state."""
     tree = ast.parse(source)
     classes = {n.name for n in tree.body if isinstance(n, ast.ClassDef)}
     found = []
+    for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+        for node in cls.body:
+            value = node.value if isinstance(node, (ast.Assign, ast.AnnAssign)) else None
+            fn = value.func if isinstance(value, ast.Call) else None
+            called = fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", "")
+            if isinstance(value, (ast.Dict, ast.List, ast.Set)) or called in _CONTAINERS:
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                found += [(node.lineno, f"{cls.name}.{t.id}") for t in targets
+                          if isinstance(t, ast.Name)]
     for node in ast.walk(tree):
         targets = node.targets if isinstance(node, ast.Assign) else \
             [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
@@ -342,13 +357,8 @@ def _class_attributes_set(source: str) -> list[tuple[int, str]]:
     return found
 
 
-#: Class attributes set on purpose, and why.
-CLASS_STATE_ALLOWED = {
-    "Cluster.latest": "the process's current world (nbdist.current()), swapped whole",
-    "Cluster.last_spec": "what the last start asked for (%dist_restart repeats it)",
-    "ChannelStream._flusher": "one flusher thread per process for every stream",
-    "_Pinned.done": "threading.local's class attribute: the default every new thread reads",
-}
+#: Class attributes set on purpose, and why: none (state lives in objects of a scope).
+CLASS_STATE_ALLOWED: dict[str, str] = {}
 
 
 def test_no_class_is_used_as_a_namespace_of_mutable_state():
@@ -365,6 +375,8 @@ def test_the_class_state_finder_finds_it():
                                  "    _S.y += 2\n    a, _S.z = 1, 2\n") == \
         [(4, "_S.x"), (5, "_S.y"), (6, "_S.z")]
     assert _class_attributes_set("class _S:\n    x = 0\n_s = _S()\n_s.x = 1\n") == []
+    assert _class_attributes_set("class _S:\n    a: dict = {}\n    b = weakref.WeakSet()\n"
+                                 "    c = frozenset()\n") == [(2, "_S.a"), (3, "_S.b")]
 
 
 # -- the architecture page --------------------------------------------------------------------
