@@ -31,7 +31,7 @@ from ..telemetry import events
 from .cells import Cells
 from .heal import Healer
 from .lifecycle import ClusterState
-from .session import SESSION
+from .session import session
 from .startup import Cancelled
 from .status import HostTable, StatusTable, collect_status, host_status, remote_samples
 from .views import Load, View, select
@@ -44,18 +44,18 @@ __all__ = ["Cluster", "current", "last_spec", "latest", "release_hosts", "restar
 def current() -> Cluster | None:
     """The active cluster of this notebook process, or None: running, or rebuilt in place
     (healing, restarting or growing with ``--keep``: its ranks run, a cell waits for it)."""
-    c = SESSION.latest
+    c = session().latest
     return c if c is not None and c.state.live else None
 
 
 def latest() -> Cluster | None:
     """The world started last in this process: running, stopping, stopped or failed."""
-    return SESSION.latest
+    return session().latest
 
 
 def last_spec() -> WorldSpec | None:
     """The settings of the most recently started world (for ``%dist_restart`` after a stop)."""
-    return SESSION.last_spec
+    return session().last_spec
 
 
 def start(n: int, *, name: str = "worker0", worker_name: str = "worker{rank}",
@@ -112,9 +112,9 @@ def _start_new(spec: WorldSpec, quiet: bool, handle: Cluster | None = None,
     failed start gives back an allocation it asked for itself (one kept from before stays).
     ``since`` (``time.monotonic()``): when the user asked (default now)."""
     since = time.monotonic() if since is None else since
-    before = SESSION.allocation
+    before = session().allocation
     try:
-        spec = allocation.provide(spec, SESSION, quiet)
+        spec = allocation.provide(spec, session(), quiet)
         if handle is None:
             cluster = Cluster(spec)
         else:
@@ -122,8 +122,8 @@ def _start_new(spec: WorldSpec, quiet: bool, handle: Cluster | None = None,
             cluster._build(spec)
         cluster._start(quiet=quiet, since=since)
     except BaseException:
-        if SESSION.allocation is not None and SESSION.allocation is not before:
-            SESSION.close_agents()
+        if session().allocation is not None and session().allocation is not before:
+            session().close_agents()
         raise
     return cluster
 
@@ -140,13 +140,13 @@ def restart(n: int | None = None, *, keep: bool = False, quiet: bool = False,
     c = current()
     if c is not None:
         return c.restart(n, keep=keep, quiet=quiet, **changes)
-    if SESSION.last_spec is None:
+    if session().last_spec is None:
         raise ClusterStateError("no world to restart; start one with `%dist_start N`")
     if keep and not quiet:
         print("nbdist: no world is running, so no rank has state to keep; starting a fresh one")
     if _drops_scheduler(changes):
-        SESSION.close_agents()
-    return _start_new(_changed(SESSION.last_spec, n, changes), quiet, since=since)
+        session().close_agents()
+    return _start_new(_changed(session().last_spec, n, changes), quiet, since=since)
 
 
 def _drops_scheduler(changes: dict[str, Any]) -> bool:
@@ -186,17 +186,17 @@ def _changed(spec: WorldSpec, n: int | None, changes: dict[str, Any]) -> WorldSp
 
 def stop() -> None:
     """Stop the active cluster, if any."""
-    if SESSION.latest is not None:
-        SESSION.latest.stop()
+    if session().latest is not None:
+        session().latest.stop()
 
 
 def release_hosts() -> int:
     """End the join agents kept warm on other hosts (a running world that uses them is
     stopped first); returns how many there were. They also end with this process."""
-    c = SESSION.latest
+    c = session().latest
     if c is not None and c.spec.hosts:
         c.stop()
-    return SESSION.close_agents()
+    return session().close_agents()
 
 
 class Cluster:
@@ -211,7 +211,7 @@ class Cluster:
         self.spec = spec
         self.names = spec.names()
         self.started_at = time.time()
-        self.epoch = next(SESSION.epochs)
+        self.epoch = next(session().epochs)
         now = time.time()
         placement = spec.placement()
         self.ranks: dict[int, RankInfo] = {r: RankInfo(r, nm, started=now, host=placement[r])
@@ -220,7 +220,7 @@ class Cluster:
                                               if r and i.alive])
         self.router.aggregate = spec.aggregates()
         cv = threading.Condition()
-        self.cells = Cells(self.ranks, cv, self._require_running, SESSION.exec_ids)
+        self.cells = Cells(self.ranks, cv, self._require_running, session().exec_ids)
         self._receiver = Receiver(self.ranks, self.router, self.cells.rich, self.cells.desk,
                                   self.cells.comms, cv, on_result=self.cells.deliver,
                                   on_flushed=self.cells.flushed)
@@ -261,8 +261,8 @@ class Cluster:
     @tabs.setter
     def tabs(self, on: bool) -> None:
         self.spec = replace(self.spec, tabs=bool(on))
-        if SESSION.last_spec is not None:
-            SESSION.last_spec = replace(SESSION.last_spec, tabs=bool(on))
+        if session().last_spec is not None:
+            session().last_spec = replace(session().last_spec, tabs=bool(on))
 
     @property
     def startup_seconds(self) -> float:
@@ -271,7 +271,7 @@ class Cluster:
     def _start(self, quiet: bool, since: float) -> None:
         _refuse_a_second_world(self)
         self._world.check()  # bad --iface or --launcher: ValueError before anything starts
-        SESSION.last_spec = self.spec
+        session().last_spec = self.spec
         self._world.start(quiet, since)
         self._follow_heal_flag()
 
@@ -285,11 +285,11 @@ class Cluster:
             self.healer = None
 
     def _became_current(self) -> None:
-        SESSION.latest = self
+        session().latest = self
 
     def _stopped(self) -> None:
-        if SESSION.latest is self:
-            SESSION.latest = None
+        if session().latest is self:
+            session().latest = None
 
     # ------------------------------------------------------------------ cells
     def run(self, code: str, ranks: Any = None, timeout: float | None = None,
@@ -410,14 +410,14 @@ class Cluster:
     def status(self) -> StatusTable:
         """A table of every rank: pid, alive or how it died, CPU %, memory, uptime (ranks on
         other hosts: as their host's agent sampled them, at most a second ago)."""
-        return collect_status(self, template_pid=SESSION.template_pid(),
+        return collect_status(self, template_pid=session().template_pid(),
                               remote=remote_samples(self._world.agents))
 
     def hosts_status(self) -> HostTable:
         """One row per host of this world: its agent's pid, ranks, load and free memory
         (under ``--slurm``, a first line with the job, its state and time left)."""
         return host_status(self, self._world.agents,
-                           allocation.describe(SESSION.allocation) if self.spec.scheduled else "")
+                           allocation.describe(session().allocation) if self.spec.scheduled else "")
 
     def device(self, rank: int = 0) -> str | None:
         """``"cuda:i"`` where ``rank`` runs on a GPU in this world, else None."""
@@ -512,7 +512,7 @@ class Cluster:
         spec = _changed(self.spec, n, changes)
         _refuse_a_second_world(self)
         if keep and spec.scheduled and spec.scheduler_options == self.spec.scheduler_options \
-                and allocation.ended(spec, SESSION.allocation):
+                and allocation.ended(spec, session().allocation):
             keep = False  # its ranks are gone: provide() asks again, and its line says so
         if keep and self.running:
             self._rebuild(spec, quiet, since=since)
@@ -522,7 +522,7 @@ class Cluster:
                   "starting a fresh one")
         self.stop()
         if drop:
-            SESSION.close_agents()
+            session().close_agents()
         return _start_new(spec, quiet, handle=self, since=since)
 
     def _rebuild(self, spec: WorldSpec, quiet: bool, healing: list[int] | None = None,
@@ -558,7 +558,7 @@ class Cluster:
             kept = {r for r, i in self.ranks.items() if r and r < spec.world_size
                     and i.alive and placement[r] == i.host}
             before = {r: (i.alive, i.reason()) for r, i in self.ranks.items() if r}
-            epoch = next(SESSION.epochs)
+            epoch = next(session().epochs)
             self._settled.clear()
             try:
                 self._world.rebuild(spec, spec.names(), epoch, kept, since, phase=phase,
@@ -567,7 +567,7 @@ class Cluster:
                 self._settled.set()
             self.spec, self.names, self.epoch = spec, spec.names(), epoch
             self.router.aggregate = spec.aggregates()
-            SESSION.last_spec = spec
+            session().last_spec = spec
             self._follow_heal_flag()
             line = _kept_line(spec.world_size, self._world.startup_seconds, kept, before,
                               healing)
@@ -605,14 +605,14 @@ def _give_way_at_exit() -> None:
     """First thing at exit: a heal or keep-restart under way gives up and tears its world
     down while the template still reports its workers' exits (bounded: Jupyter gives a
     kernel a few seconds)."""
-    if SESSION.latest is not None:
-        SESSION.latest._give_way("the process is exiting", timeout=3.0)
+    if session().latest is not None:
+        session().latest._give_way("the process is exiting", timeout=3.0)
 
 
 def _stop_at_exit() -> None:
     """The process is exiting: stop its world quickly (after the template and agents)."""
-    if SESSION.latest is not None:
-        SESSION.latest.stop(timeout=1.0)
+    if session().latest is not None:
+        session().latest.stop(timeout=1.0)
 
 
 def _kept_line(size: int, seconds: float, kept: set[int], before: dict[int, tuple],
@@ -643,5 +643,5 @@ def _ranks(ranks: list[int]) -> str:
     return ", ".join(map(str, ranks))
 
 
-SESSION.before_exit.append(_give_way_at_exit)
-SESSION.on_exit.append(_stop_at_exit)
+session().before_exit.append(_give_way_at_exit)
+session().on_exit.append(_stop_at_exit)

@@ -66,4 +66,4 @@ MOVES: dict[ClusterState, frozenset[ClusterState]] = {
     ClusterState.STOPPING: frozenset({ClusterState.STOPPED}),
     ClusterState.STOPPED: frozenset(),
 }
-_ORDER = list(ClusterState)
+_ORDER = tuple(ClusterState)

@@ -35,7 +35,7 @@ from ..spec import WorldSpec
 from ..thread_raise import raise_in
 from .warmup import Warmup
 
-__all__ = ["PREWARM_ENV", "SESSION", "Session", "prewarm_enabled"]
+__all__ = ["PREWARM_ENV", "Session", "prewarm_enabled", "session"]
 
 PREWARM_ENV = "NBDIST_PREWARM"
 
@@ -216,6 +216,11 @@ def _drop_late_agent() -> None:
     rpc_hooks.reset_world_state()
 
 
-SESSION = Session()
-atexit.register(SESSION.at_exit)
+def session() -> Session:
+    """The notebook process's one ``Session``."""
+    return _SESSION_PER_PROCESS
+
+
+_SESSION_PER_PROCESS = Session()
+atexit.register(_SESSION_PER_PROCESS.at_exit)
 

@@ -24,8 +24,8 @@ from ..telemetry import tracing
 
 __all__ = ["HostTable", "StatusTable", "collect_status", "host_status", "remote_samples"]
 
-_SAMPLER = Sampler()  # local pids: the notebook's ranks and the template
-_sample = _SAMPLER.sample
+_SAMPLER_PER_PROCESS = Sampler()  # local pids: the notebook's ranks and the template
+_sample = _SAMPLER_PER_PROCESS.sample
 TEMPLATE_RANK = "-"  # the template's row is not a rank of the world
 
 

@@ -42,7 +42,7 @@ from ..telemetry import records, tracing
 from .cells import Cells
 from .followup import FollowUps
 from .lifecycle import ClusterState
-from .session import SESSION
+from .session import session
 from .shield import held_interrupts
 from .startup import Cancelled, Rank0, StartWatch, worker_config
 
@@ -99,7 +99,7 @@ class World:
         ``--device-maps``: ValueError before anything starts (but the warm template, launched
         first so that its ``import torch`` runs beside this process's, which planning needs)."""
         if self.spec.n:
-            SESSION.get_template().ensure_started()
+            session().get_template().ensure_started()
         if self.spec.hosts:
             self.iface = netif.resolve(self.spec.iface)
             if self.spec.scheduled != "ray":  # Ray starts the agents itself, as actors
@@ -113,7 +113,7 @@ class World:
         """Each local rank's device, the group's backend and device maps (ValueError if the
         flags cannot be met here)."""
         has_cuda, count = cuda.visible()
-        remote = allocation.remote_devices(spec, SESSION.allocation)
+        remote = allocation.remote_devices(spec, session().allocation)
         return devices.setup(spec.gpus, spec.group_backend, spec.device_maps, names,
                              spec.n + 1, count, has_cuda, remote)
 
@@ -128,7 +128,7 @@ class World:
         template = self._warm_template(quiet, keeping=False)
         self.why_no_rpc = self._choose_rpc()
         try:
-            self.world_dir = tempfile.mkdtemp(prefix="w", dir=SESSION.runtime())
+            self.world_dir = tempfile.mkdtemp(prefix="w", dir=session().runtime())
             self.router.keep_logs_in(os.path.join(self.world_dir, "logs"))
             if self.iface is not None:
                 self._start_agents(self.iface, watch)
@@ -204,7 +204,7 @@ class World:
     def _warm_template(self, quiet: bool, keeping: bool) -> Launcher:
         """The session's template, started if it is not; a fresh one if the environment
         torch was imported under changed (not while it is the parent of kept ranks)."""
-        template = SESSION.get_template()
+        template = session().get_template()
         if self.spec.n:
             changed = template.env_changed()
             if changed and not keeping:  # its torch was imported under the old values
@@ -232,7 +232,7 @@ class World:
             self.listener = Listener(os.path.join(self.world_dir, f"ctl-{self.epoch}"),
                                      self.key)
         template.on_exit = self.on_exit
-        shares = allocation.rank_shares(spec, SESSION.allocation)
+        shares = allocation.rank_shares(spec, session().allocation)
         group = world_group(spec, self.gpu)  # the default group, the same for every rank
         self.master = torchrun_env.master(iface.address if iface else "127.0.0.1")
         rank0_cfg, *configs = [  # rank 0's from the same builder as every worker's
@@ -258,7 +258,7 @@ class World:
         rpc_hooks.attach(self)
         self.rank0 = Rank0(rank0_cfg, store=self.store.store if self.store else None,
                            iface=iface)
-        SESSION.settle_joiner(watch.deadline)
+        session().settle_joiner(watch.deadline)
         if not spec.rpc:
             no_rpc.enter(self.why_no_rpc)
         self.rank0.join(watch)
@@ -292,13 +292,13 @@ class World:
 
     def _start_agents(self, iface: netif.Interface, watch: StartWatch) -> None:
         """The join agent of every host is running (launched now if it is not)."""
-        agents = SESSION.agents_for(self.spec, iface)
+        agents = session().agents_for(self.spec, iface)
         for agent in agents:
             agent.on_exit = functools.partial(self.on_exit, host=agent.host)
             agent.on_lost = self.on_host_lost
             self.agents[agent.host] = agent
         try:
-            start_agents(agents, SESSION.agent_key, watch.deadline)
+            start_agents(agents, session().agent_key, watch.deadline)
         except (StartError, DistTimeoutError) as exc:
             if not self.spec.scheduled:
                 raise
@@ -307,8 +307,8 @@ class World:
                             "that address, give --iface with this machine's interface or "
                             "address they reach)"
                             ) from None
-        if not SESSION.warned_data_plane:
-            SESSION.warned_data_plane = True
+        if not session().warned_data_plane:
+            session().warned_data_plane = True
             Router.write("stderr", f"nbdist: this world's RPC and Gloo ports on {iface.name} "
                                    f"({iface.address}) and on the hosts accept unauthenticated "
                                    "connections (torch's TensorPipe and Gloo have no "
@@ -337,7 +337,7 @@ class World:
         as a death (``--heal`` replaces them). When the world's allocation ended, every rank
         on it is lost, in one line in SLURM's words (asked once the job has finished
         completing, a few seconds at most)."""
-        scheduled, job = self.running and self.spec.scheduled, SESSION.allocation
+        scheduled, job = self.running and self.spec.scheduled, session().allocation
         why = (allocation.lost_why(self.spec, host, job) if scheduled else None) or why
         lost = self._lose({host}, why)
         ended = allocation.ended(self.spec, job) if scheduled else None
@@ -473,7 +473,7 @@ class World:
         if self.rank0 is not None:
             self.rank0.leave()
             if self.rank0.joiner is not None:
-                SESSION.joiner = self.rank0.joiner
+                session().joiner = self.rank0.joiner
 
     def _stop_workers(self, timeout: float, among: list[RankInfo]) -> None:
         """Ask each worker of ``among`` to stop; SIGKILL (through its template or agent) at
@@ -507,7 +507,7 @@ class World:
 
     def _launcher_of(self, info: RankInfo) -> Launcher | None:
         """The template or agent that forked ``info``'s process (None if it is gone)."""
-        return SESSION.template if info.host is None else self.agents.get(info.host)
+        return session().template if info.host is None else self.agents.get(info.host)
 
     def _pids_by_launcher(self, workers: list[RankInfo]) -> dict[Launcher, list[int]]:
         found: dict[Launcher, list[int]] = {}

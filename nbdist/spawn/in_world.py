@@ -40,7 +40,7 @@ AFTER_FAILURE = 5.0
 # agent, no process group, as a spawned process begins
 BARE = {"rpc": False, "process_group": "none"}
 _MISSING = object()  # a rank whose result was not collected (interrupted after a failure)
-_GENERATIONS = itertools.count(1)  # spawns run from this notebook (``spawned.call``)
+_GENERATIONS_PER_PROCESS = itertools.count(1)  # spawns run from this notebook (``spawned.call``)
 
 
 def install() -> None:
@@ -178,7 +178,7 @@ class _Spawn:
         self.failed_at = 0.0  # when (time.monotonic()) rank 0's failure happened
         self.thread: threading.Thread | None = None
         self.done = False
-        self.generation = next(_GENERATIONS)
+        self.generation = next(_GENERATIONS_PER_PROCESS)
         self.exec_id = cluster.send_cell(spawned.cell(fn, args, self.generation), self.targets) \
             if cluster is not None else None
 

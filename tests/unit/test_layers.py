@@ -330,6 +330,73 @@ _CONTAINERS = {"dict", "list", "set", "deque", "OrderedDict", "defaultdict", "We
                "WeakKeyDictionary", "WeakValueDictionary"}
 
 
+#: calls whose result is not state: immutable values, types, functions, libraries
+_NOT_STATE_CALLS = {"frozenset", "tuple", "compile", "namedtuple", "TypeVar", "object",
+                    "getLogger", "Struct", "type", "CDLL", "sum", "dim_partitioner", "str",
+                    "int", "float", "bytes", "Path", "MappingProxyType", "get"}
+_MUTATORS = {"append", "add", "update", "pop", "popitem", "clear", "setdefault", "extend",
+             "insert", "remove", "discard", "appendleft", "popleft", "sort"}
+#: Files the other items of issue 53 (1-4) clean up: their module-level objects are counted
+#: there, not here, until then.
+MODULE_STATE_ELSEWHERE = {"shipping/pickler.py", "telemetry/tracing.py"}
+#: Module-level objects the finder takes for state that are not nbdist's state, and why.
+NOT_STATE = {
+    "control/protocol.py:_TAGS": "every message class by tag, complete once it is imported",
+    "shipping/own_main.py:UNCHANGED": "a marker, without state",
+    "spawn/patch.py:DECLINE": "a marker, without state",
+    "tutorials/batching.py:RESULTS": "the tutorial's own record (notebook 04 reads, clears it)",
+}
+
+
+def _module_state(source: str) -> list[tuple[int, str]]:
+    """(line, name) of each module-level mutable object not named ``_..._PER_PROCESS``: an
+    object made by a call (but ``_NOT_STATE_CALLS``), or a list, dict or set the module
+    changes (a table it only reads is a constant)."""
+    tree = ast.parse(source)
+    changed = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Subscript, ast.Attribute)) and isinstance(
+                node.ctx, (ast.Store, ast.Del)) and isinstance(node.value, ast.Name):
+            changed.add(node.value.id)
+        elif isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name):
+            changed.add(node.target.id)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                node.func.attr in _MUTATORS and isinstance(node.func.value, ast.Name):
+            changed.add(node.func.value.id)
+    found = []
+    for node in tree.body:
+        if not isinstance(node, (ast.Assign, ast.AnnAssign)) or node.value is None:
+            continue
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        value, names = node.value, [t.id for t in targets if isinstance(t, ast.Name)]
+        fn = value.func if isinstance(value, ast.Call) else None
+        called = fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", "")
+        made = fn is not None and called not in _NOT_STATE_CALLS
+        table = isinstance(value, (ast.Dict, ast.List, ast.Set, ast.DictComp, ast.ListComp,
+                                   ast.SetComp))
+        found += [(node.lineno, n) for n in names if not n.endswith("_PER_PROCESS")
+                  and n != "__all__" and (made or (table and n in changed))]
+    return found
+
+
+def test_module_level_state_is_per_process_by_name():
+    """A module-level mutable object is per process by its name (``_..._PER_PROCESS``, in
+    docs/layout.md's list with why), or it is not there."""
+    found = [f"{p.relative_to(PKG)}:{line} {name}" for p in sorted(PKG.rglob("*.py"))
+             if p.relative_to(PKG).as_posix() not in MODULE_STATE_ELSEWHERE
+             for line, name in _module_state(p.read_text())
+             if f"{p.relative_to(PKG).as_posix()}:{name}" not in NOT_STATE]
+    assert not found, f"{len(found)} module-level objects outside the rule:\n" + \
+        "\n".join(found)
+
+
+def test_the_module_state_finder_finds_it():
+    src = ("import threading\n_lock = threading.Lock()\n_TABLE = {1: 2}\n_seen = {}\n"
+           "_KEPT_PER_PROCESS = []\n_EMPTY = frozenset()\ndef f(k):\n    _seen[k] = 1\n"
+           "    return _TABLE[k]\n_log = []\n_log.append(1)\n")
+    assert _module_state(src) == [(2, "_lock"), (4, "_seen"), (10, "_log")]
+
+
 def _class_attributes_set(source: str) -> list[tuple[int, str]]:
     """(line, ``Class.attr``) for each assignment to an attribute of a class the module
     defines at its top level, and each mutable container in a class's body (shared by its
