@@ -88,7 +88,7 @@ def load_ipython_extension(ipython: Any) -> None:
     world (unless ``NBDIST_SPAWN=0``), and launch the warm template and torch's import in the
     background (unless ``NBDIST_PREWARM=0``) so the first ``%dist_start`` is quick. Returns at
     once: nothing here imports torch."""
-    from .cluster.session import SESSION
+    from .cluster.session import session
     from .display.magic import register
     from .magics import DistMagics
 
@@ -102,7 +102,7 @@ def load_ipython_extension(ipython: Any) -> None:
     _spawn.install()  # before the background import: it patches torch as torch is imported
     _process_group.install_on_import()  # so is init_process_group, for names bound early
     _check_torch()
-    SESSION.prewarm()  # last: its thread competes for the GIL
+    session().prewarm()  # last: its thread competes for the GIL
 
 
 def _check_torch() -> None:
@@ -112,10 +112,10 @@ def _check_torch() -> None:
     (the first world start reports instead). Never raises: the check must not stop the start."""
     import sys
 
-    from .cluster.session import SESSION
+    from .cluster.session import session
     from .cluster.warmup import MODULE, imported
 
-    if SESSION.warmup.importing or not imported(MODULE):
+    if session().warmup.importing or not imported(MODULE):
         return
     try:
         from .patches import torch_private
@@ -141,12 +141,12 @@ def _torch_first(ipython: Any) -> None:
     """Before each cell that names torch, let the background import of torch end (it does
     not wait otherwise): ``import torch.nn`` beside torch's own body would see a torch
     half-imported (``cluster/warmup.py``)."""
-    from .cluster.session import SESSION
+    from .cluster.session import session
     from .cluster.warmup import names_torch
 
     def wait(info: Any = None) -> None:
-        if SESSION.warmup.importing and names_torch(getattr(info, "raw_cell", "") or ""):
-            SESSION.warmup.wait(_TORCH_WAIT)
+        if session().warmup.importing and names_torch(getattr(info, "raw_cell", "") or ""):
+            session().warmup.wait(_TORCH_WAIT)
 
     callbacks = ipython.events.callbacks["pre_run_cell"]
     if not any(getattr(cb, "__qualname__", "") == wait.__qualname__ for cb in callbacks):
@@ -165,12 +165,12 @@ def _after_this_cell(ipython: Any, action: Any) -> None:
 
 
 if _in_jupyter():  # ``import nbdist`` in a kernel: mp.spawn of a cell's function works too,
-    from .cluster.session import SESSION as _SESSION  # and the first world starts warm
+    from .cluster.session import session as _session  # and the first world starts warm
 
     _spawn.install()
     _process_group.install_on_import()
-    if _SESSION.prewarm(import_here=False):  # the template now; torch here once the cell
+    if _session().prewarm(import_here=False):  # the template now; torch here once the cell
         from IPython import get_ipython as _get_ipython  # (`%load_ext` maybe) has ended
 
         _torch_first(_get_ipython())
-        _after_this_cell(_get_ipython(), _SESSION.warmup.start)
+        _after_this_cell(_get_ipython(), _session().warmup.start)

@@ -240,7 +240,7 @@ class DistMagics(Magics):
         when the world spans hosts); ``--hosts``: one line per host."""
         if line.strip() not in ("", "--hosts"):
             raise UsageError("%dist_status takes no arguments but --hosts")
-        c = _cluster.Cluster.latest
+        c = _cluster.latest()
         if c is None or not c.ranks:
             raise UsageError("no nbdist world is running; start one with `%dist_start N`")
         return c.hosts_status() if line.strip() == "--hosts" else c.status()

@@ -94,13 +94,13 @@ def start_refused(shell, line: str) -> str:
     from IPython.core.error import UsageError
 
     import nbdist
-    from nbdist.cluster.session import SESSION
+    from nbdist.cluster.session import session
 
     before = child_pids()
     with pytest.raises(UsageError) as info:
         shell.run_line_magic("dist_start", line)
     assert nbdist.current() is None
-    template = {SESSION.template.pid} if SESSION.template is not None else set()
+    template = {session().template.pid} if session().template is not None else set()
     assert child_pids() - before - template == set()
     return str(info.value)
 
@@ -348,7 +348,7 @@ def kernel(kernels):
 @contextlib.contextmanager
 def notebook_process(tmp_path: Path, start: str, timeout: float):
     """A notebook stand-in: a Python process that runs ``start`` (its world's start call,
-    ``SESSION`` in scope), says it is ready with the allocation's id in a file, then waits on
+    ``session`` imported), says it is ready with the allocation's id in a file, then waits on
     its stdin; yields (process, that id). Killed at the end if it still runs.
 
     The id goes in a file, not on stdout: torch <= 2.10 prints Gloo's "[Gloo] Rank 0 is
@@ -356,9 +356,9 @@ def notebook_process(tmp_path: Path, start: str, timeout: float):
     would wait for a child that waits on its stdin."""
     script, ready = tmp_path / "nb.py", tmp_path / "ready"
     script.write_text("import nbdist, pathlib, sys\n"
-                      "from nbdist.cluster.session import SESSION\n"
+                      "from nbdist.cluster.session import session\n"
                       f"{start}\n"
-                      f"pathlib.Path({str(ready)!r}).write_text(SESSION.allocation.job_id)\n"
+                      f"pathlib.Path({str(ready)!r}).write_text(session().allocation.job_id)\n"
                       "sys.stdin.read()\n")
     log = open(tmp_path / "nb.log", "w+")
     proc = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE,
@@ -415,10 +415,10 @@ def _fds() -> dict[int, str]:
 def _process_fds() -> set[int]:
     """fds that live as long as the warm template or the process: the template's channel,
     the stderr filter's pipe and saved stderr."""
-    from nbdist.cluster.session import SESSION
+    from nbdist.cluster.session import session
 
     keep = set()
-    t = SESSION.template
+    t = session().template
     conn = getattr(t, "conn", None) if t is not None else None
     try:
         if conn is not None and not conn.closed:
@@ -429,9 +429,9 @@ def _process_fds() -> set[int]:
 
 
 def _world_dirs() -> set[str]:
-    from nbdist.cluster.session import SESSION
+    from nbdist.cluster.session import session
 
-    rt = SESSION.runtime_dir
+    rt = session().runtime_dir
     if rt is None or not os.path.isdir(rt):
         return set()
     return {os.path.join(rt, d) for d in os.listdir(rt) if d.startswith("w")}
@@ -465,7 +465,7 @@ def leak_guard(request, warm_process):
     """After every test: no child process (but the warm template), no nbdist thread, no new
     open fd (beyond FD_SLACK), no per-world runtime directory, nothing new in the working
     directory, the SIGINT handler as it was. The failure names the test and what it left."""
-    from nbdist.cluster.session import SESSION
+    from nbdist.cluster.session import session
     test = request.node.nodeid
     procs, fds = child_pids(), _fds()
     threads_before = set(_nbdist_threads())
@@ -481,7 +481,7 @@ def leak_guard(request, warm_process):
                         f"(was {sigint_before!r})")
         signal.signal(signal.SIGINT, sigint_before)
 
-    template_pid = SESSION.template.pid if SESSION.template is not None else None
+    template_pid = session().template.pid if session().template is not None else None
     left = wait_gone(child_pids() - procs - {template_pid}, 5.0)
     for pid in left:
         try:

@@ -15,7 +15,7 @@ from typing import Any
 import psutil
 
 import nbdist
-from nbdist.cluster.session import SESSION
+from nbdist.cluster.session import session
 
 __all__ = ["EXPECTED", "STEPS", "check", "children", "into_heal", "run_seed", "step"]
 
@@ -38,7 +38,7 @@ EXPECTED = ("interrupted", "no world", "UsageError", "ClusterStateError", "DistC
 
 def children() -> list[int]:
     """The template's live children: every local worker process there is."""
-    pid = SESSION.template_pid()
+    pid = session().template_pid()
     if pid is None:
         return []
     try:

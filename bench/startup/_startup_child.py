@@ -73,7 +73,8 @@ def run_nbdist(n: int) -> dict:
         t5 = time.perf_counter()
         cluster.stop()
         out_stop = time.perf_counter() - t5
-        from nbdist.cluster.session import SESSION as _cl
+        from nbdist.cluster.session import session
+        _cl = session()
 
         if _cl.template is not None:
             _cl.template.close()

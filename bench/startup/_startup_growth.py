@@ -37,11 +37,11 @@ cfg.HistoryManager.hist_file = ":memory:"
 shell = InteractiveShell.instance(config=cfg)
 shell.run_line_magic("load_ext", "nbdist")
 time.sleep(float(sys.argv[1]))  # the user reads, types the next cell
-from nbdist.cluster.session import SESSION
+from nbdist.cluster.session import session
 t = time.perf_counter()
 shell.run_line_magic("dist_start", "4")
 start = time.perf_counter() - t
-pid = SESSION.template_pid()
+pid = session().template_pid()
 rss = psutil.Process(pid).memory_info().rss if pid else None
 shell.run_line_magic("dist_stop", "")
 print("RESULT " + json.dumps({"start_s": start, "template_rss": rss}), flush=True)

@@ -130,7 +130,8 @@ def _measure(variant: str, n: int, restarts: int) -> dict:
             out["restart_phases"].append(phases.breakdown(t0))
     finally:
         c.stop()
-        from nbdist.cluster.session import SESSION as _cl
+        from nbdist.cluster.session import session
+        _cl = session()
 
         if _cl.template is not None:
             _cl.template.close()

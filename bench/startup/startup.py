@@ -139,7 +139,8 @@ def _reap_zombies() -> None:
 
 
 def _own_template() -> set[int]:
-    from nbdist.cluster.session import SESSION as _cl
+    from nbdist.cluster.session import session
+    _cl = session()
 
     t = _cl.template
     return {t.pid} if t is not None and t.pid is not None and t.alive() else set()
@@ -685,7 +686,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _check_snapshot(src, "this process", nbdist.__file__)
         nbdist.start(1, quiet=True).stop()  # warm this process's template up, untimed
-        from nbdist.cluster.session import SESSION as _cl
+        from nbdist.cluster.session import session
+        _cl = session()
 
         assert _cl.template is not None and _cl.template.pid is not None
         _check_snapshot(src, "the template", psutil.Process(_cl.template.pid).cwd())
@@ -726,7 +728,8 @@ def _growth(out: Path, quick: bool, smoke: bool = False, commit: str = "unknown"
     import _startup_growth
 
     import nbdist
-    from nbdist.cluster.session import SESSION as _cl
+    from nbdist.cluster.session import session
+    _cl = session()
 
     try:
         _startup_growth.run_and_write(out, quick, smoke, commit)
@@ -743,7 +746,8 @@ def _growth(out: Path, quick: bool, smoke: bool = False, commit: str = "unknown"
 def _cleanup(bench: Bench, error: str | None) -> str | None:
     """Stop nbdist here and its template, kill anything else still running; say what."""
     import nbdist
-    from nbdist.cluster.session import SESSION as _cl
+    from nbdist.cluster.session import session
+    _cl = session()
 
     try:
         if bench.cluster is not None:

@@ -6,6 +6,7 @@ import collections
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from ..comms.relay import CommRelay
 from ..control.channel import Channel
@@ -21,9 +22,9 @@ from ..errors import (
 )
 from ..output.rich_output import RichOutput
 from ..output.router import Router, StatusLine
+from ..rank_info import RankInfo
 from ..rank_sets import SMALL, grouped, labels, named, rank_set
 from .hints import where_defined
-from .rank_table import RankInfo
 
 __all__ = ["Cells"]
 
@@ -40,8 +41,10 @@ class CellResults(dict):
     each rank had when the cell was sent (a keep-restart may have replaced it since), and
     ``finished``: when each result arrived."""
 
-    sent: dict[int, RankInfo] = {}
-    finished: dict[int, float] = {}  # rank -> when its result arrived (time.monotonic())
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.sent: dict[int, RankInfo] = {}
+        self.finished: dict[int, float] = {}  # rank -> when its result arrived (monotonic)
 
 
 class Cells:

@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from dataclasses import replace
-from typing import Any, ClassVar
+from typing import Any
 
 from ..control.protocol import Debug
 from ..errors import ClusterStateError, DistTimeoutError, StartError, WorkerDiedError
@@ -25,31 +25,38 @@ from ..hosts.scheduler import enclosing_hosts
 from ..output.receiver import Receiver
 from ..output.router import Router
 from ..patches import rpc_hooks
+from ..rank_info import RankInfo
 from ..rank_sets import SMALL, grouped, numbers, spans
 from ..spec import WorldSpec, parse_hosts, parse_ranks
 from ..telemetry import events
 from .cells import Cells
 from .heal import Healer
-from .rank_table import ClusterState, RankInfo
-from .session import SESSION
+from .lifecycle import ClusterState
+from .session import session
 from .startup import Cancelled
 from .status import HostTable, StatusTable, collect_status, host_status, remote_samples
 from .views import Load, View, select
 from .world import World
 
-__all__ = ["Cluster", "current", "last_spec", "release_hosts", "restart", "start", "stop"]
+__all__ = ["Cluster", "current", "last_spec", "latest", "release_hosts", "restart", "start",
+           "stop"]
 
 
 def current() -> Cluster | None:
     """The active cluster of this notebook process, or None: running, or rebuilt in place
     (healing, restarting or growing with ``--keep``: its ranks run, a cell waits for it)."""
-    c = Cluster.latest
+    c = session().latest
     return c if c is not None and c.state.live else None
+
+
+def latest() -> Cluster | None:
+    """The world started last in this process: running, stopping, stopped or failed."""
+    return session().latest
 
 
 def last_spec() -> WorldSpec | None:
     """The settings of the most recently started world (for ``%dist_restart`` after a stop)."""
-    return Cluster.last_spec
+    return session().last_spec
 
 
 def start(n: int, *, name: str = "worker0", worker_name: str = "worker{rank}",
@@ -111,9 +118,9 @@ def _start_new(spec: WorldSpec, quiet: bool, handle: Cluster | None = None,
     failed start gives back an allocation it asked for itself (one kept from before stays).
     ``since`` (``time.monotonic()``): when the user asked (default now)."""
     since = time.monotonic() if since is None else since
-    before = SESSION.allocation
+    before = session().allocation
     try:
-        spec = allocation.provide(spec, quiet)
+        spec = allocation.provide(spec, session(), quiet)
         if handle is None:
             cluster = Cluster(spec)
         else:
@@ -121,8 +128,8 @@ def _start_new(spec: WorldSpec, quiet: bool, handle: Cluster | None = None,
             cluster._build(spec)
         cluster._start(quiet=quiet, since=since)
     except BaseException:
-        if SESSION.allocation is not None and SESSION.allocation is not before:
-            SESSION.close_agents()
+        if session().allocation is not None and session().allocation is not before:
+            session().close_agents()
         raise
     return cluster
 
@@ -139,13 +146,13 @@ def restart(n: int | None = None, *, keep: bool = False, quiet: bool = False,
     c = current()
     if c is not None:
         return c.restart(n, keep=keep, quiet=quiet, **changes)
-    if Cluster.last_spec is None:
+    if session().last_spec is None:
         raise ClusterStateError("no world to restart; start one with `%dist_start N`")
     if keep and not quiet:
         print("nbdist: no world is running, so no rank has state to keep; starting a fresh one")
     if _drops_scheduler(changes):
-        SESSION.close_agents()
-    return _start_new(_changed(Cluster.last_spec, n, changes), quiet, since=since)
+        session().close_agents()
+    return _start_new(_changed(session().last_spec, n, changes), quiet, since=since)
 
 
 def _drops_scheduler(changes: dict[str, Any]) -> bool:
@@ -185,25 +192,21 @@ def _changed(spec: WorldSpec, n: int | None, changes: dict[str, Any]) -> WorldSp
 
 def stop() -> None:
     """Stop the active cluster, if any."""
-    if Cluster.latest is not None:
-        Cluster.latest.stop()
+    if session().latest is not None:
+        session().latest.stop()
 
 
 def release_hosts() -> int:
     """End the join agents kept warm on other hosts (a running world that uses them is
     stopped first); returns how many there were. They also end with this process."""
-    c = Cluster.latest
+    c = session().latest
     if c is not None and c.spec.hosts:
         c.stop()
-    return SESSION.close_agents()
+    return session().close_agents()
 
 
 class Cluster:
     """A running local world. Use ``nbdist.start`` to make one."""
-
-    #: The world started last in this process (running, or stopping, or failed), and its spec.
-    latest: ClassVar[Cluster | None] = None
-    last_spec: ClassVar[WorldSpec | None] = None
 
     def __init__(self, spec: WorldSpec) -> None:
         self._build(spec)
@@ -214,7 +217,7 @@ class Cluster:
         self.spec = spec
         self.names = spec.names()
         self.started_at = time.time()
-        self.epoch = next(SESSION.epochs)
+        self.epoch = next(session().epochs)
         now = time.time()
         placement = spec.placement()
         self.ranks: dict[int, RankInfo] = {r: RankInfo(r, nm, started=now, host=placement[r])
@@ -223,9 +226,10 @@ class Cluster:
                                               if r and i.alive])
         self.router.aggregate = spec.aggregates()
         cv = threading.Condition()
-        self.cells = Cells(self.ranks, cv, self._require_running, SESSION.exec_ids)
-        self._receiver = Receiver(self.ranks, self.router, self.cells, self.cells.rich,
-                                  self.cells.desk, cv)
+        self.cells = Cells(self.ranks, cv, self._require_running, session().exec_ids)
+        self._receiver = Receiver(self.ranks, self.router, self.cells.rich, self.cells.desk,
+                                  self.cells.comms, cv, on_result=self.cells.deliver,
+                                  on_flushed=self.cells.flushed)
         self._world = World(spec, self.names, self.ranks, cv, self.router, self.cells,
                             self._receiver, self.epoch, on_up=self._became_current,
                             on_down=self._stopped, on_death=self._died)
@@ -263,8 +267,8 @@ class Cluster:
     @tabs.setter
     def tabs(self, on: bool) -> None:
         self.spec = replace(self.spec, tabs=bool(on))
-        if Cluster.last_spec is not None:
-            Cluster.last_spec = replace(Cluster.last_spec, tabs=bool(on))
+        if session().last_spec is not None:
+            session().last_spec = replace(session().last_spec, tabs=bool(on))
 
     @property
     def startup_seconds(self) -> float:
@@ -273,7 +277,7 @@ class Cluster:
     def _start(self, quiet: bool, since: float) -> None:
         _refuse_a_second_world(self)
         self._world.check()  # bad --iface or --launcher: ValueError before anything starts
-        Cluster.last_spec = self.spec
+        session().last_spec = self.spec
         self._world.start(quiet, since)
         self._follow_heal_flag()
 
@@ -287,11 +291,11 @@ class Cluster:
             self.healer = None
 
     def _became_current(self) -> None:
-        Cluster.latest = self
+        session().latest = self
 
     def _stopped(self) -> None:
-        if Cluster.latest is self:
-            Cluster.latest = None
+        if session().latest is self:
+            session().latest = None
 
     # ------------------------------------------------------------------ cells
     def run(self, code: str, ranks: Any = None, timeout: float | None = None,
@@ -412,14 +416,14 @@ class Cluster:
     def status(self) -> StatusTable:
         """A table of every rank: pid, alive or how it died, CPU %, memory, uptime (ranks on
         other hosts: as their host's agent sampled them, at most a second ago)."""
-        return collect_status(self, template_pid=SESSION.template_pid(),
+        return collect_status(self, template_pid=session().template_pid(),
                               remote=remote_samples(self._world.agents))
 
     def hosts_status(self) -> HostTable:
         """One row per host of this world: its agent's pid, ranks, load and free memory
         (under ``--slurm``, a first line with the job, its state and time left)."""
         return host_status(self, self._world.agents,
-                           allocation.describe() if self.spec.scheduled else "")
+                           allocation.describe(session().allocation) if self.spec.scheduled else "")
 
     def device(self, rank: int = 0) -> str | None:
         """``"cuda:i"`` where ``rank`` runs on a GPU in this world, else None."""
@@ -514,7 +518,7 @@ class Cluster:
         spec = _changed(self.spec, n, changes)
         _refuse_a_second_world(self)
         if keep and spec.scheduled and spec.scheduler_options == self.spec.scheduler_options \
-                and allocation.ended(spec):
+                and allocation.ended(spec, session().allocation):
             keep = False  # its ranks are gone: provide() asks again, and its line says so
         if keep and self.running:
             self._rebuild(spec, quiet, since=since)
@@ -524,7 +528,7 @@ class Cluster:
                   "starting a fresh one")
         self.stop()
         if drop:
-            SESSION.close_agents()
+            session().close_agents()
         return _start_new(spec, quiet, handle=self, since=since)
 
     def _rebuild(self, spec: WorldSpec, quiet: bool, healing: list[int] | None = None,
@@ -560,7 +564,7 @@ class Cluster:
             kept = {r for r, i in self.ranks.items() if r and r < spec.world_size
                     and i.alive and placement[r] == i.host}
             before = {r: (i.alive, i.reason()) for r, i in self.ranks.items() if r}
-            epoch = next(SESSION.epochs)
+            epoch = next(session().epochs)
             self._settled.clear()
             try:
                 self._world.rebuild(spec, spec.names(), epoch, kept, since, phase=phase,
@@ -569,7 +573,7 @@ class Cluster:
                 self._settled.set()
             self.spec, self.names, self.epoch = spec, spec.names(), epoch
             self.router.aggregate = spec.aggregates()
-            Cluster.last_spec = spec
+            session().last_spec = spec
             self._follow_heal_flag()
             line = _kept_line(spec.world_size, self._world.startup_seconds, kept, before,
                               healing)
@@ -607,14 +611,14 @@ def _give_way_at_exit() -> None:
     """First thing at exit: a heal or keep-restart under way gives up and tears its world
     down while the template still reports its workers' exits (bounded: Jupyter gives a
     kernel a few seconds)."""
-    if Cluster.latest is not None:
-        Cluster.latest._give_way("the process is exiting", timeout=3.0)
+    if session().latest is not None:
+        session().latest._give_way("the process is exiting", timeout=3.0)
 
 
 def _stop_at_exit() -> None:
     """The process is exiting: stop its world quickly (after the template and agents)."""
-    if Cluster.latest is not None:
-        Cluster.latest.stop(timeout=1.0)
+    if session().latest is not None:
+        session().latest.stop(timeout=1.0)
 
 
 def _kept_line(size: int, seconds: float, kept: set[int], before: dict[int, tuple],
@@ -654,5 +658,5 @@ def _fresh(fresh: list[tuple[int, str]]) -> str:
                      for why, same in grouped(fresh, lambda item: item[1]))
 
 
-SESSION.before_exit.append(_give_way_at_exit)
-SESSION.on_exit.append(_stop_at_exit)
+session().before_exit.append(_give_way_at_exit)
+session().on_exit.append(_stop_at_exit)

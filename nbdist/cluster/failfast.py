@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..groups import rendezvous
+from ..thread_raise import raise_in
 
 __all__ = ["EVERY", "FailFast"]
 
@@ -109,7 +110,5 @@ def _interrupt(thread_id: int) -> None:
     if thread_id == threading.main_thread().ident and callable(signal.getsignal(signal.SIGINT)):
         signal.pthread_kill(thread_id, signal.SIGINT)
         return
-    import ctypes  # another thread, or SIGINT ignored here (a background run): raise it there
-
-    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id),
-                                               ctypes.py_object(KeyboardInterrupt))
+    # another thread, or SIGINT ignored here (a background run): raise it there
+    raise_in(thread_id, KeyboardInterrupt)

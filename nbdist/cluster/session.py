@@ -1,6 +1,6 @@
 """What the notebook process keeps between worlds, in one object: the warm template, the
-runtime directory, the join agents, and the counters worlds draw from (the current world
-itself is ``core.Cluster``'s to keep).
+runtime directory, the join agents, the counters worlds draw from, and the world started last
+with its spec (``core`` sets them; ``%dist_restart`` repeats the spec).
 
 At interpreter exit it runs ``before_exit`` (``core`` calls off a heal under way, while the
 template still reports its workers' exits), removes the runtime directory, stops the template
@@ -32,9 +32,10 @@ from ..hosts.netif import Interface
 from ..hosts.scheduler import Allocation
 from ..proc.runtime import runtime_dir
 from ..spec import WorldSpec
+from ..thread_raise import raise_in
 from .warmup import Warmup
 
-__all__ = ["PREWARM_ENV", "SESSION", "Session", "prewarm_enabled"]
+__all__ = ["PREWARM_ENV", "Session", "prewarm_enabled", "session"]
 
 PREWARM_ENV = "NBDIST_PREWARM"
 
@@ -61,6 +62,8 @@ class Session:
         self.before_exit: list[Callable[[], None]] = []  # run first at exit, in order
         self.on_exit: list[Callable[[], None]] = []  # run last at exit, in order
         self.warmup = Warmup()  # torch's RPC imported here in the background
+        self.latest: Any = None  # the world started last (``core.Cluster``), stopped or not
+        self.last_spec: WorldSpec | None = None  # what the last start asked for (restart's)
 
     def settle_joiner(self, deadline: float) -> None:
         """Before a new ``init_rpc``: let a failed start's joining thread end (it is bounded
@@ -186,8 +189,6 @@ def _abandon_in_gloo(joiner: threading.Thread) -> bool:
     start's deadline (issue 45, seed 6). The call holds only its own store and group, and
     the pending exception fires at its next Python instruction, before the RPC agent or any
     of RPC's globals are set, so the next ``init_rpc`` need not wait for it."""
-    import ctypes
-
     from ..patches.torch_private import usable
 
     if not usable("restart"):
@@ -196,9 +197,7 @@ def _abandon_in_gloo(joiner: threading.Thread) -> bool:
     if frame is None or (frame.f_code.co_name, frame.f_code.co_filename.replace(
             os.sep, "/").endswith(_GLOO_FRAME[1])) != (_GLOO_FRAME[0], True):
         return False
-    hit = ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(joiner.ident),
-                                                     ctypes.py_object(_WorldGone))
-    return hit == 1
+    return raise_in(joiner.ident, _WorldGone)
 
 
 def _drop_late_agent() -> None:
@@ -217,6 +216,11 @@ def _drop_late_agent() -> None:
     rpc_hooks.reset_world_state()
 
 
-SESSION = Session()
-atexit.register(SESSION.at_exit)
+def session() -> Session:
+    """The notebook process's one ``Session``."""
+    return _SESSION_PER_PROCESS
+
+
+_SESSION_PER_PROCESS = Session()
+atexit.register(_SESSION_PER_PROCESS.at_exit)
 

@@ -21,17 +21,16 @@ from ..control.protocol import Hello, ProtocolError
 from ..devices import Setup
 from ..errors import DistTimeoutError, StartError, WorkerDiedError
 from ..groups import torchrun_env
-from ..hosts.launch import describe_exit
 from ..hosts.netif import Interface
 from ..output.router import Router, StatusLine
 from ..patches import gloo_timeout, quiet, rpc_hooks, rref_reset, tp_address
 from ..patches.torch_private import report_once, usable
 from ..proc import membership
-from ..proc.rank_config import RankConfig
+from ..rank_config import RankConfig
+from ..rank_info import RankInfo, describe_exit
 from ..rank_sets import SMALL, labels
 from ..shm import transport as shm
 from ..spec import WorldSpec
-from .rank_table import RankInfo
 
 __all__ = ["ARRIVED", "Cancelled", "Rank0", "StartWatch", "arrival_file", "torch_iface",
            "user_group_file", "worker_config"]

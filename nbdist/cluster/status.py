@@ -27,8 +27,8 @@ from .status_groups import Line, group_rows
 
 __all__ = ["HostTable", "StatusTable", "collect_status", "host_status", "remote_samples"]
 
-_SAMPLER = Sampler()  # local pids: the notebook's ranks and the template
-_sample = _SAMPLER.sample
+_SAMPLER_PER_PROCESS = Sampler()  # local pids: the notebook's ranks and the template
+_sample = _SAMPLER_PER_PROCESS.sample
 TEMPLATE_RANK = "-"  # the template's row is not a rank of the world
 
 

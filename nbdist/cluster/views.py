@@ -24,7 +24,7 @@ from ..patches.rpc_hooks import wait_future
 from ..proc.namespace import apply_each, assign, read
 from ..rank_sets import SMALL, rank_set
 from ..spec import parse_ranks
-from .rank_table import ClusterState
+from .lifecycle import ClusterState
 
 if TYPE_CHECKING:
     from .world import World

@@ -34,15 +34,16 @@ from ..output.receiver import Receiver
 from ..output.router import Router
 from ..patches import no_rpc, rpc_hooks
 from ..proc import cuda, nccl
-from ..proc.rank_config import RankConfig, world_group
 from ..proc.runtime import pid_alive
+from ..rank_config import RankConfig, world_group
+from ..rank_info import RankInfo
 from ..rank_sets import SMALL, numbers, rank_set, spans
 from ..spec import WorldSpec
 from ..telemetry import records, tracing
 from .cells import Cells
 from .followup import FollowUps
-from .rank_table import ClusterState, RankInfo
-from .session import SESSION
+from .lifecycle import ClusterState
+from .session import session
 from .shield import held_interrupts
 from .startup import Cancelled, Rank0, StartWatch, worker_config
 
@@ -65,7 +66,7 @@ class World:
         self.router, self.cells, self.receiver, self.epoch = router, cells, receiver, epoch
         self._on_up, self._on_down, self._on_death = on_up, on_down, on_death
         self._by_name = {nm: r for r, nm in enumerate(names)}
-        self.state = ClusterState.NEW
+        self._state = ClusterState.NEW  # changed by _move only
         self.startup_seconds = 0.0
         self.iface: netif.Interface | None = None
         self.master: dict[str, str] = {}  # MASTER_ADDR/MASTER_PORT of this world's ranks
@@ -81,6 +82,15 @@ class World:
         self._told_end = False  # the end of the world's allocation was reported
 
     @property
+    def state(self) -> ClusterState:
+        """Where this world is in its life (``lifecycle.MOVES``)."""
+        return self._state
+
+    def _move(self, new: ClusterState) -> None:
+        """Go to state ``new``; ``ClusterStateError`` if ``MOVES`` has no such move."""
+        self._state = self._state.moved_to(new)
+
+    @property
     def running(self) -> bool:
         return self.state is ClusterState.RUNNING
 
@@ -90,7 +100,7 @@ class World:
         ``--device-maps``: ValueError before anything starts (but the warm template, launched
         first so that its ``import torch`` runs beside this process's, which planning needs)."""
         if self.spec.n:
-            SESSION.get_template().ensure_started()
+            session().get_template().ensure_started()
         if self.spec.hosts:
             self.iface = netif.resolve(self.spec.iface)
             if self.spec.scheduled != "ray":  # Ray starts the agents itself, as actors
@@ -104,21 +114,22 @@ class World:
         """Each local rank's device, the group's backend and device maps (ValueError if the
         flags cannot be met here)."""
         has_cuda, count = cuda.visible()
+        remote = allocation.remote_devices(spec, session().allocation)
         return devices.setup(spec.gpus, spec.group_backend, spec.device_maps, names,
-                             spec.n + 1, count, has_cuda, allocation.remote_devices(spec))
+                             spec.n + 1, count, has_cuda, remote)
 
     def start(self, quiet: bool, since: float | None = None) -> None:
         """Start every rank and join them as rank 0; on any failure, tear down and raise.
         ``since`` (``time.monotonic()``): when the user asked, for the start line's time."""
         self.state.require(ClusterState.NEW, doing="start")
-        self.state = ClusterState.STARTING
+        self._move(ClusterState.STARTING)
         t0 = time.monotonic()
         spec = self.spec
         watch = StartWatch(self.ranks, t0 + spec.start_seconds(), spec.start_seconds(), self.cv)
         template = self._warm_template(quiet, keeping=False)
         self.why_no_rpc = self._choose_rpc()
         try:
-            self.world_dir = tempfile.mkdtemp(prefix="w", dir=SESSION.runtime())
+            self.world_dir = tempfile.mkdtemp(prefix="w", dir=session().runtime())
             self.router.keep_logs_in(os.path.join(self.world_dir, "logs"))
             if self.iface is not None:
                 self._start_agents(self.iface, watch)
@@ -150,7 +161,7 @@ class World:
         ``cancelled`` (says why, or "") calls it off at its next wait (``Cancelled``)."""
         self.state.require(ClusterState.RUNNING, doing="restart keeping state")
         gpu = self._plan_devices(spec, names)
-        self.state = phase
+        self._move(phase)
         t0 = time.monotonic()
         try:
             self._leave_rpc()
@@ -194,7 +205,7 @@ class World:
     def _warm_template(self, quiet: bool, keeping: bool) -> Launcher:
         """The session's template, started if it is not; a fresh one if the environment
         torch was imported under changed (not while it is the parent of kept ranks)."""
-        template = SESSION.get_template()
+        template = session().get_template()
         if self.spec.n:
             changed = template.env_changed()
             if changed and not keeping:  # its torch was imported under the old values
@@ -222,7 +233,7 @@ class World:
             self.listener = Listener(os.path.join(self.world_dir, f"ctl-{self.epoch}"),
                                      self.key)
         template.on_exit = self.on_exit
-        shares = allocation.rank_shares(spec)
+        shares = allocation.rank_shares(spec, session().allocation)
         group = world_group(spec, self.gpu)  # the default group, the same for every rank
         self.master = torchrun_env.master(iface.address if iface else "127.0.0.1")
         rank0_cfg, *configs = [  # rank 0's from the same builder as every worker's
@@ -248,7 +259,7 @@ class World:
         rpc_hooks.attach(self)
         self.rank0 = Rank0(rank0_cfg, store=self.store.store if self.store else None,
                            iface=iface)
-        SESSION.settle_joiner(watch.deadline)
+        session().settle_joiner(watch.deadline)
         if not spec.rpc:
             no_rpc.enter(self.why_no_rpc)
         self.rank0.join(watch)
@@ -257,7 +268,7 @@ class World:
             watch.ping_all()
 
     def _running(self, since: float) -> None:
-        self.state = ClusterState.RUNNING
+        self._move(ClusterState.RUNNING)
         self.startup_seconds = time.monotonic() - since
         torchrun_env.enter({**torchrun_env.variables(0, self.spec.placement()), **self.master})
         records.set_identity(0, self.names[0])
@@ -282,13 +293,13 @@ class World:
 
     def _start_agents(self, iface: netif.Interface, watch: StartWatch) -> None:
         """The join agent of every host is running (launched now if it is not)."""
-        agents = SESSION.agents_for(self.spec, iface)
+        agents = session().agents_for(self.spec, iface)
         for agent in agents:
             agent.on_exit = functools.partial(self.on_exit, host=agent.host)
             agent.on_lost = self.on_host_lost
             self.agents[agent.host] = agent
         try:
-            start_agents(agents, SESSION.agent_key, watch.deadline)
+            start_agents(agents, session().agent_key, watch.deadline)
         except (StartError, DistTimeoutError) as exc:
             if not self.spec.scheduled:
                 raise
@@ -297,8 +308,8 @@ class World:
                             "that address, give --iface with this machine's interface or "
                             "address they reach)"
                             ) from None
-        if not SESSION.warned_data_plane:
-            SESSION.warned_data_plane = True
+        if not session().warned_data_plane:
+            session().warned_data_plane = True
             Router.write("stderr", f"nbdist: this world's RPC and Gloo ports on {iface.name} "
                                    f"({iface.address}) and on the hosts accept unauthenticated "
                                    "connections (torch's TensorPipe and Gloo have no "
@@ -327,10 +338,10 @@ class World:
         as a death (``--heal`` replaces them). When the world's allocation ended, every rank
         on it is lost, in one line in SLURM's words (asked once the job has finished
         completing, a few seconds at most)."""
-        scheduled = self.running and self.spec.scheduled
-        why = (allocation.lost_why(self.spec, host) if scheduled else None) or why
+        scheduled, job = self.running and self.spec.scheduled, session().allocation
+        why = (allocation.lost_why(self.spec, host, job) if scheduled else None) or why
         lost = self._lose({host}, why)
-        ended = allocation.ended(self.spec) if scheduled else None
+        ended = allocation.ended(self.spec, job) if scheduled else None
         if ended is not None:
             hosts = sorted({h for h, _ in self.spec.hosts})
             lost = self._lose(set(hosts), ended, relabel=True)
@@ -425,7 +436,7 @@ class World:
             self._teardown(timeout)
 
     def _teardown(self, timeout: float) -> None:
-        self.state = ClusterState.STOPPING
+        self._move(ClusterState.STOPPING)
         try:
             self.router.muted = True
             self._leave_rpc()
@@ -442,7 +453,7 @@ class World:
                 shutil.rmtree(self.world_dir, ignore_errors=True)
         finally:
             torchrun_env.leave()
-            self.state = ClusterState.STOPPED
+            self._move(ClusterState.STOPPED)
             self._on_down()
 
     @staticmethod
@@ -463,7 +474,7 @@ class World:
         if self.rank0 is not None:
             self.rank0.leave()
             if self.rank0.joiner is not None:
-                SESSION.joiner = self.rank0.joiner
+                session().joiner = self.rank0.joiner
 
     def _stop_workers(self, timeout: float, among: list[RankInfo]) -> None:
         """Ask each worker of ``among`` to stop; SIGKILL (through its template or agent) at
@@ -497,7 +508,7 @@ class World:
 
     def _launcher_of(self, info: RankInfo) -> Launcher | None:
         """The template or agent that forked ``info``'s process (None if it is gone)."""
-        return SESSION.template if info.host is None else self.agents.get(info.host)
+        return session().template if info.host is None else self.agents.get(info.host)
 
     def _pids_by_launcher(self, workers: list[RankInfo]) -> dict[Launcher, list[int]]:
         found: dict[Launcher, list[int]] = {}

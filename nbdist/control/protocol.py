@@ -20,7 +20,7 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
-    from ..proc.rank_config import RankConfig
+    from ..rank_config import RankConfig
 
 __all__ = [
     "HEADER",
@@ -395,15 +395,15 @@ class _PlainUnpickler(pickle.Unpickler):
                                      "control channel does not carry")
 
 
-_FIELDS: dict[type, tuple[str, ...]] = {}
+_FIELDS_PER_PROCESS: dict[type, tuple[str, ...]] = {}
 
 
 def encode(msg: Message) -> bytes:
     """The payload of one frame (without the length header)."""
     cls = type(msg)
-    names = _FIELDS.get(cls)
+    names = _FIELDS_PER_PROCESS.get(cls)
     if names is None:
-        names = _FIELDS[cls] = tuple(f.name for f in fields(cls))
+        names = _FIELDS_PER_PROCESS[cls] = tuple(f.name for f in fields(cls))
     values = tuple(getattr(msg, n) for n in names)
     return pickle.dumps((VERSION, msg.TAG, values), protocol=pickle.HIGHEST_PROTOCOL)
 

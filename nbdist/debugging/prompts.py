@@ -15,8 +15,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from ..cluster.rank_table import RankInfo
 from ..control.protocol import DebugEnd, DebugInput, DebugPrompt
+from ..rank_info import RankInfo
 from .remote_pdb import ATTENDING
 
 __all__ = ["DebugDesk"]

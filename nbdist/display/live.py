@@ -29,7 +29,7 @@ from .collect import SeriesStore
 
 __all__ = ["Dashboard", "close_all", "dashboard"]
 
-_open: weakref.WeakSet = weakref.WeakSet()
+_DASHBOARDS_PER_PROCESS: weakref.WeakSet = weakref.WeakSet()
 _VIEW = "application/vnd.jupyter.widget-view+json"
 STATUS_EVERY = 1.0  # seconds between status samples
 FILE_EVERY = 1.0  # seconds between picture files in a terminal
@@ -84,7 +84,7 @@ class Dashboard:
             self._build_widget()
         self._thread = threading.Thread(target=self._run, daemon=True, name="nbdist-dashboard")
         _register_exit_hook()
-        _open.add(self)
+        _DASHBOARDS_PER_PROCESS.add(self)
 
     # ------------------------------------------------------------------ data
     def plot_keys(self) -> list[str]:
@@ -310,7 +310,7 @@ class Dashboard:
             except ValueError:
                 pass
             self._shell = None
-        _open.discard(self)
+        _DASHBOARDS_PER_PROCESS.discard(self)
 
     def __repr__(self) -> str:
         state = "live" if self.running() else "stopped"
@@ -336,7 +336,7 @@ def dashboard(keys: Sequence[str] | str | None = None, window: int = 20, hz: flo
 def close_all(timeout: float = JOIN_SECONDS) -> None:
     """Stop every open dashboard of this process, within about ``timeout`` seconds in all."""
     deadline = perf_counter() + timeout
-    dashes = list(_open)
+    dashes = list(_DASHBOARDS_PER_PROCESS)
     for d in dashes:
         d._stop.set()  # every thread stops at its next wake-up, not one after the other
     for d in dashes:

@@ -124,13 +124,13 @@ def _close(base: Any, root: str, generation: int) -> None:
         base.add(f"{root}/open", 1)
 
 
-_CLASS: list[type] = []
+_STORE_CLASS_PER_PROCESS: list[type] = []
 
 
 def _recorded(inner: Any, timeout: float) -> Any:
-    if not _CLASS:
-        _CLASS.append(_recorded_store_class())
-    return _CLASS[0](inner, timeout)
+    if not _STORE_CLASS_PER_PROCESS:
+        _STORE_CLASS_PER_PROCESS.append(_recorded_store_class())
+    return _STORE_CLASS_PER_PROCESS[0](inner, timeout)
 
 
 def _recorded_store_class() -> type:

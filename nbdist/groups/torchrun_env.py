@@ -85,20 +85,20 @@ class _Saved:
     before: dict[str, str | None] | None = None
 
 
-_SAVED = _Saved()
+_SAVED_PER_PROCESS = _Saved()
 
 
 def enter(values: dict[str, str]) -> None:
     """This process's variables are now ``values`` (again, at a keep-restart); what it had
     before the first ``enter`` is kept for ``leave``."""
-    if _SAVED.before is None:
-        _SAVED.before = {k: os.environ.get(k) for k in KEYS}
+    if _SAVED_PER_PROCESS.before is None:
+        _SAVED_PER_PROCESS.before = {k: os.environ.get(k) for k in KEYS}
     os.environ.update(values)
 
 
 def leave() -> None:
     """Every variable ``enter`` set goes back to what it was (absent: removed)."""
-    before, _SAVED.before = _SAVED.before, None
+    before, _SAVED_PER_PROCESS.before = _SAVED_PER_PROCESS.before, None
     for key, value in (before or {}).items():
         if value is None:
             os.environ.pop(key, None)

@@ -1,14 +1,16 @@
 """A world's nodes from a scheduler: ``--slurm`` or ``--ray`` made into hosts, kept across
 worlds.
 
-``provide(spec)`` returns ``spec`` with the hosts, launcher and interface of the session's
-allocation: the running one when its options match, else a new one (submitted, followed
-with a live line while pending, cancelled on Ctrl-C, on the start timeout or on any error,
-so nothing stays queued). An allocation that ended (TIMEOUT, CANCELLED, NODE_FAIL, ...) is
-replaced by a new one with the same options, and one line says so. ``Follower`` warns the
+``provide(spec, keeper)`` returns ``spec`` with the hosts, launcher and interface of the
+allocation ``keeper`` holds (``cluster.session.Session``, handed in from above): the running
+one when its options match, else a new one (submitted, followed with a live line while
+pending, cancelled on Ctrl-C, on the start timeout or on any error, so nothing stays queued).
+An allocation that ended (TIMEOUT, CANCELLED, NODE_FAIL, ...) is replaced by a new one with
+the same options, and one line says so. ``Follower`` warns the
 running cell once when ``NBDIST_SLURM_WARN`` minutes (5) are left. ``release`` gives the
 allocation back (``%dist_stop --hosts``, ``nbdist.release_hosts()``, interpreter exit; a
-SIGKILL of this process is covered by the allocation's own watchdog).
+SIGKILL of this process is covered by the allocation's own watchdog). The other functions
+read the allocation they are given (None: there is none).
 """
 
 from __future__ import annotations
@@ -17,18 +19,33 @@ import os
 import threading
 import time
 from dataclasses import replace
+from typing import Any, Protocol
 
-from ..cluster.session import SESSION
 from ..output.router import Router, StatusLine
 from ..spec import WorldSpec
 from . import netif
 from .scheduler import Allocation, JobState, NodeShare, new_allocation
 
-__all__ = ["WARN_ENV", "Follower", "describe", "ended", "lost_why", "provide", "rank_shares",
-           "release", "remote_devices", "shares"]
+__all__ = ["WARN_ENV", "Follower", "Keeper", "describe", "ended", "lost_why", "provide",
+           "rank_shares", "release", "remote_devices", "shares"]
 
 _COMPLETING = 15.0  # seconds to wait for a job's end to be named (KillWait, epilogs)
 WARN_ENV = "NBDIST_SLURM_WARN"  # minutes left when the running cell is warned (default 5)
+
+
+class Keeper(Protocol):
+    """What keeps a scheduler's allocation across worlds (``cluster.session.Session``)."""
+
+    allocation: Allocation | None  # --slurm's job, --ray's placement group
+    follower: Any  # its time-left warner (``Follower``)
+
+    def close_agents(self) -> int:
+        """End the join agents (they ran in the allocation) and give the allocation back."""
+        ...
+
+    def release_allocation(self) -> bool:
+        """Give the allocation back; True if there was one."""
+        ...
 
 
 def _clock(seconds: float | None) -> str:
@@ -38,13 +55,13 @@ def _clock(seconds: float | None) -> str:
     return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
 
 
-def provide(spec: WorldSpec, quiet: bool = False) -> WorldSpec:
-    """``spec`` placed on the session's allocation (see the module); ``spec`` itself without
+def provide(spec: WorldSpec, keeper: Keeper, quiet: bool = False) -> WorldSpec:
+    """``spec`` placed on ``keeper``'s allocation (see the module); ``spec`` itself without
     ``--slurm`` or ``--ray``."""
     kind, options = spec.scheduled, spec.scheduler_options
     if kind is None or options is None:
         return spec
-    job = SESSION.allocation
+    job = keeper.allocation
     if job is not None and _same(job, kind, options) and job.job_id is not None:
         state = job.state()
         if state.running:
@@ -53,9 +70,9 @@ def provide(spec: WorldSpec, quiet: bool = False) -> WorldSpec:
             print(f"nbdist: {job.what} {job.job_id} ended: {job.describe_end(state)}; asking "
                   "for a new allocation with the same options")
     if job is not None:
-        SESSION.close_agents()  # the agents ran in it: they end as it is given back
+        keeper.close_agents()  # the agents ran in it: they end as it is given back
     job = new_allocation(kind, options)
-    SESSION.allocation = job
+    keeper.allocation = job
     status = StatusLine()
     try:
         job.request()
@@ -63,12 +80,12 @@ def provide(spec: WorldSpec, quiet: bool = False) -> WorldSpec:
                  lambda st, waited: status.show(_pending_line(job, st, waited)))
         job.nodes()
     except BaseException:
-        release()
+        release(keeper)
         status.done(f"nbdist: {job.what} {job.job_id or '-'} cancelled")
         raise
     status.done(f"nbdist: {job.what} {job.job_id} RUNNING on "
                 + ", ".join(s.host for s in job.nodes()), always=True)  # where it runs, always
-    SESSION.follower = Follower(job)
+    keeper.follower = Follower(job)
     return _placed(spec, job)
 
 
@@ -95,18 +112,17 @@ def _placed(spec: WorldSpec, job: Allocation) -> WorldSpec:
     return replace(spec, hosts=hosts, launcher=job.launcher(), iface=iface).validate()
 
 
-def shares(spec: WorldSpec) -> dict:
-    """host -> ``NodeShare`` of the session's allocation, for a ``--slurm``/``--ray`` world."""
-    job = SESSION.allocation
+def shares(spec: WorldSpec, job: Allocation | None) -> dict:
+    """host -> ``NodeShare`` of allocation ``job``, for a ``--slurm``/``--ray`` world."""
     if not spec.scheduled or job is None or job.job_id is None:
         return {}
     return {s.host: s for s in job.nodes()}
 
 
-def rank_shares(spec: WorldSpec) -> dict[int, tuple[NodeShare, int]]:
+def rank_shares(spec: WorldSpec, job: Allocation | None) -> dict[int, tuple[NodeShare, int]]:
     """rank -> (its node's ``NodeShare``, its index among that node's ranks), for the ranks
     of a ``--slurm`` world on the allocation's nodes."""
-    by_host, seen, out = shares(spec), {}, {}
+    by_host, seen, out = shares(spec, job), {}, {}
     for rank, host in enumerate(spec.placement()):
         if host in by_host:
             seen[host] = seen.get(host, -1) + 1
@@ -114,17 +130,17 @@ def rank_shares(spec: WorldSpec) -> dict[int, tuple[NodeShare, int]]:
     return out
 
 
-def remote_devices(spec: WorldSpec) -> tuple[tuple[str, int | None], ...]:
+def remote_devices(spec: WorldSpec, job: Allocation | None) -> tuple[tuple[str, int | None], ...]:
     """``(host, GPU index)`` of each rank on the allocation's nodes, in rank order: rank k
     of a node owns its k-th share of the node's allocated GPUs (``devices.setup``'s
     ``remote``); () outside ``--slurm``."""
     return tuple((share.host, (share.gpus_of(k) or (None,))[0])
-                 for _, (share, k) in sorted(rank_shares(spec).items()))
+                 for _, (share, k) in sorted(rank_shares(spec, job).items()))
 
 
-def ended(spec: WorldSpec) -> str | None:
-    """``SLURM job 12 ended: TIMEOUT (...)`` when ``spec``'s allocation has ended, else None."""
-    job = SESSION.allocation
+def ended(spec: WorldSpec, job: Allocation | None) -> str | None:
+    """``SLURM job 12 ended: TIMEOUT (...)`` when ``spec``'s allocation ``job`` has ended, else
+    None."""
     if not spec.scheduled or job is None or job.job_id is None:
         return None
     state = job.state()
@@ -135,17 +151,16 @@ def ended(spec: WorldSpec) -> str | None:
     return f"{job.what} {job.job_id} ended: {job.describe_end(state)}" if state.ended else None
 
 
-def lost_why(spec: WorldSpec, host: str) -> str | None:
-    """The scheduler's reason ``host``'s agent was lost (Ray: its node's death), or None."""
-    job = SESSION.allocation
+def lost_why(spec: WorldSpec, host: str, job: Allocation | None) -> str | None:
+    """The scheduler's reason (``job``'s) ``host``'s agent was lost (Ray: its node's death),
+    or None."""
     if not spec.scheduled or job is None or job.job_id is None:
         return None
     return job.lost_why(host)
 
 
-def describe() -> str:
+def describe(job: Allocation | None) -> str:
     """One line for ``%dist_status --hosts``: the job, its state and time left."""
-    job = SESSION.allocation
     if job is None or job.job_id is None:
         return ""
     state = job.state()
@@ -157,9 +172,9 @@ def describe() -> str:
             f"{flag} {job.options!r}")
 
 
-def release() -> bool:
-    """Give the session's allocation back (cancel it); True if there was one."""
-    return SESSION.release_allocation()
+def release(keeper: Keeper) -> bool:
+    """Give ``keeper``'s allocation back (cancel it); True if there was one."""
+    return keeper.release_allocation()
 
 
 class Follower:

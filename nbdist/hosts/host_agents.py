@@ -24,7 +24,8 @@ from typing import Any
 from ..control.channel import Channel, HandshakeError, Listener
 from ..control.protocol import AgentReady, Heartbeat, ProtocolError
 from ..errors import DistTimeoutError, StartError
-from .launch import ForkClient, describe_exit
+from ..rank_info import describe_exit
+from .launch import ForkClient
 from .netif import Interface
 from .scheduler import STEP_LAUNCHERS
 

@@ -21,8 +21,8 @@ import sys
 
 from ..control.channel import connect
 from ..control.protocol import AgentReady
-from ..proc.rank_config import RankConfig
 from ..proc.template import preload, serve
+from ..rank_config import RankConfig
 from . import netif
 from .host_agents import AGENT_SILENCE, HEARTBEAT
 

@@ -31,10 +31,10 @@ from ..control.protocol import (
     TemplateReady,
 )
 from ..errors import DistTimeoutError, StartError
-from ..proc.rank_config import RankConfig
+from ..rank_config import RankConfig
+from ..rank_info import describe_exit
 
-__all__ = ["IMPORT_TIME_ENV", "ForkClient", "Launcher", "Template", "describe_exit",
-           "import_time_env"]
+__all__ = ["IMPORT_TIME_ENV", "ForkClient", "Launcher", "Template", "import_time_env"]
 
 #: Prefixes of environment variables that torch, OpenMP or a BLAS read when torch is imported
 #: (``TORCH_LOGS``, ``OMP_NUM_THREADS``, ...): workers forked from a template share its import,
@@ -69,21 +69,6 @@ def import_time_env(env: Mapping[str, str]) -> dict[str, str]:
     kmp = _torch_reads_kmp()
     return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME_ENV) or (
         kmp and k.startswith(_KMP) and k not in _KMP_NOT_AT_IMPORT)}
-
-
-def describe_exit(code: int | None) -> str:
-    """Human words for an exit code from ``os.waitstatus_to_exitcode``."""
-    if code is None:
-        return "running"
-    if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        what = {"SIGSEGV": " (segmentation fault)", "SIGKILL": " (the OOM killer, or kill -9)",
-                "SIGABRT": " (aborted)", "SIGBUS": " (bus error)"}.get(name, "")
-        return f"killed by {name}{what}"
-    return f"exited with code {code}"
 
 
 @runtime_checkable

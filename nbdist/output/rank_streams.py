@@ -27,22 +27,33 @@ _FLUSH_EVERY = 0.03
 _FLUSH_SIZE = 1 << 16
 
 
+class _Streams:
+    """This process's streams and the one thread that flushes them all, started with the
+    first stream (a worker's, for its life)."""
+
+    def __init__(self) -> None:
+        self.all: weakref.WeakSet[ChannelStream] = weakref.WeakSet()
+        self.flusher: threading.Thread | None = None
+        self.lock = threading.Lock()
+
+    def add(self, stream: ChannelStream) -> None:
+        with self.lock:
+            self.all.add(stream)
+            if self.flusher is None:
+                self.flusher = threading.Thread(target=_flush_loop, daemon=True,
+                                                name="nbdist-output-flusher")
+                self.flusher.start()
+
+
 class ChannelStream(io.TextIOBase):
     """A text stream whose writes travel to the notebook as ``Output`` messages."""
-
-    _all: weakref.WeakSet = weakref.WeakSet()
-    _flusher: threading.Thread | None = None
 
     def __init__(self, channel: Any, rank: int, name: str) -> None:
         self.channel, self.rank, self._name = channel, rank, name
         self._buf: list[str] = []
         self._size = 0
         self._lock = threading.Lock()
-        ChannelStream._all.add(self)
-        if ChannelStream._flusher is None:
-            ChannelStream._flusher = threading.Thread(target=_flush_loop, daemon=True,
-                                                      name="nbdist-output-flusher")
-            ChannelStream._flusher.start()
+        _STREAMS_PER_PROCESS.add(self)
 
     @property
     def name(self) -> str:  # type: ignore[override]
@@ -81,8 +92,11 @@ class ChannelStream(io.TextIOBase):
 def _flush_loop() -> None:
     while True:
         time.sleep(_FLUSH_EVERY)
-        for s in list(ChannelStream._all):
+        for s in list(_STREAMS_PER_PROCESS.all):
             s.flush()
+
+
+_STREAMS_PER_PROCESS = _Streams()
 
 
 def capture_fds(channel: Any, rank: int) -> None:

@@ -11,9 +11,9 @@ import os
 import select
 import threading
 import time
+from collections.abc import Callable
 
-from ..cluster.cells import Cells
-from ..cluster.rank_table import RankInfo
+from ..comms.relay import CommRelay
 from ..control.protocol import (
     ClearOutput,
     CommClose,
@@ -34,6 +34,7 @@ from ..control.protocol import (
     Result,
 )
 from ..debugging.prompts import DebugDesk
+from ..rank_info import RankInfo
 from ..telemetry import records, timing, tracing  # noqa: F401 - their internal-record handlers
 from .rich_output import RichOutput
 from .router import Router
@@ -52,12 +53,17 @@ def _readable(fd: int) -> bool:
 
 
 class Receiver:
-    """Owns the receiving thread; ``stop`` ends it (with a deadline)."""
+    """Owns the receiving thread; ``stop`` ends it (with a deadline). A rank's results and
+    flush answers go to the callbacks the world's cells give (``on_result(result)``,
+    ``on_flushed(rank, token)``), its widgets' messages to ``comms``."""
 
-    def __init__(self, ranks: dict[int, RankInfo], router: Router, cells: Cells,
-                 rich: RichOutput, desk: DebugDesk, cv: threading.Condition) -> None:
-        self.ranks, self.router, self.cells, self.cv = ranks, router, cells, cv
-        self.rich, self.desk = rich, desk
+    def __init__(self, ranks: dict[int, RankInfo], router: Router, rich: RichOutput,
+                 desk: DebugDesk, comms: CommRelay, cv: threading.Condition, *,
+                 on_result: Callable[[Result], None],
+                 on_flushed: Callable[[int, int], None]) -> None:
+        self.ranks, self.router, self.cv = ranks, router, cv
+        self.rich, self.desk, self.comms = rich, desk, comms
+        self._on_result, self._on_flushed = on_result, on_flushed
         self._wake_r, self._wake_w = os.pipe()
         self._stopping = False
         self._reported: dict[int, float] = {}
@@ -193,9 +199,9 @@ class Receiver:
         elif isinstance(msg, Result):
             self.router.flush(info.rank, release=False)  # the cell's end shows held lines
             self.router.finished(info.rank, msg.status == "ok")
-            self.cells.deliver(msg)
+            self._on_result(msg)
         elif isinstance(msg, Flushed):
-            self.cells.flushed(info.rank, msg.token)
+            self._on_flushed(info.rank, msg.token)
         elif isinstance(msg, Ready):
             with self.cv:
                 info.ready = True
@@ -210,11 +216,11 @@ class Receiver:
                 self.rich.show(info.rank, info.name, whole)
         elif isinstance(msg, CommOpen):  # a widget made on the worker
             self.router.flush(info.rank)
-            self.cells.comms.opened(info.rank, info.name, msg)
+            self.comms.opened(info.rank, info.name, msg)
         elif isinstance(msg, CommMsg):
-            self.cells.comms.message(info.rank, msg)
+            self.comms.message(info.rank, msg)
         elif isinstance(msg, CommClose):
-            self.cells.comms.closed(info.rank, msg)
+            self.comms.closed(info.rank, msg)
         elif isinstance(msg, (DebugPrompt, DebugEnd)):
             self.desk.arrived(msg)
         elif isinstance(msg, Failed):

@@ -18,8 +18,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from ..cluster.rank_table import RankInfo
 from ..control.protocol import ClearOutput, DisplayChunk, DisplayData, ProtocolError, decode
+from ..rank_info import RankInfo
 from .router import Router, in_jupyter
 
 __all__ = ["RichOutput", "render_grid"]

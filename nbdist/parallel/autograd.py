@@ -23,8 +23,8 @@ from ..patches import no_rpc
 
 __all__ = ["backward", "context", "get_gradients", "grad", "is_available"]
 
-_lock = threading.Lock()
-_taken: OrderedDict[int, dict[torch.Tensor, torch.Tensor]] = OrderedDict()
+_LOCK_PER_PROCESS = threading.Lock()
+_TAKEN_PER_PROCESS: OrderedDict[int, dict[torch.Tensor, torch.Tensor]] = OrderedDict()
 _KEEP = 64  # contexts remembered when not opened with ``context()`` (which forgets on exit)
 
 TensorOrTensors = torch.Tensor | Sequence[torch.Tensor]
@@ -43,8 +43,8 @@ def context() -> Iterator[int]:
         try:
             yield context_id
         finally:
-            with _lock:
-                _taken.pop(context_id, None)
+            with _LOCK_PER_PROCESS:
+                _TAKEN_PER_PROCESS.pop(context_id, None)
 
 
 def get_gradients(context_id: int) -> dict[torch.Tensor, torch.Tensor]:
@@ -55,11 +55,11 @@ def get_gradients(context_id: int) -> dict[torch.Tensor, torch.Tensor]:
 def _new_gradients(context_id: int) -> dict[torch.Tensor, torch.Tensor]:
     """The gradients added to the context since the last ``backward``/``grad`` call on it."""
     now = _dist_autograd.get_gradients(context_id)
-    with _lock:
-        before = _taken.pop(context_id, {})
-        _taken[context_id] = {t: g.detach().clone() for t, g in now.items()}
-        while len(_taken) > _KEEP:
-            _taken.popitem(last=False)
+    with _LOCK_PER_PROCESS:
+        before = _TAKEN_PER_PROCESS.pop(context_id, {})
+        _TAKEN_PER_PROCESS[context_id] = {t: g.detach().clone() for t, g in now.items()}
+        while len(_TAKEN_PER_PROCESS) > _KEEP:
+            _TAKEN_PER_PROCESS.popitem(last=False)
     return {t: (g - before[t] if t in before else g) for t, g in now.items()}
 
 
@@ -87,7 +87,7 @@ def backward(autograd_ctx_id: int, tensors: TensorOrTensors, retain_graph: bool 
     if wanted is not None:
         keep = {id(t) for t in wanted}
         grads = {t: g for t, g in grads.items() if id(t) in keep}
-    with _lock:
+    with _LOCK_PER_PROCESS:
         for t, g in grads.items():
             t.grad = g.clone() if t.grad is None else t.grad + g
 

@@ -37,7 +37,7 @@ except (ImportError, AttributeError):  # pragma: no cover - torch without RPC
 # an ``async_execution`` future back to the caller as a plain return value.
 _OK = ("ok", "", ())
 
-_lock = threading.Lock()
+_LOCK_PER_PROCESS = threading.Lock()
 
 
 class _Arrivals:
@@ -57,7 +57,7 @@ def _arrive_now(group: tuple[str, ...], name: str) -> Any:
     """Record ``name``'s arrival; the future completes when the whole group has arrived."""
     fut: torch.futures.Future = torch.futures.Future()
     release: list[Any] = []
-    with _lock:
+    with _LOCK_PER_PROCESS:
         arrived = _state().setdefault(group, {})
         if name in arrived:
             fut.set_result(("failed", f"{name} reached the barrier twice", ()))
@@ -79,7 +79,7 @@ def _arrive(group: tuple[str, ...], name: str) -> Any:
 def _withdraw(group: tuple[str, ...], name: str) -> list[str] | None:
     """Take back ``name``'s arrival after it gave up; returns who had not arrived (None when
     ``name`` was no longer waiting: the generation completed or was abandoned)."""
-    with _lock:
+    with _LOCK_PER_PROCESS:
         arrived = _state().get(group)
         if arrived is None or name not in arrived:
             return None
@@ -92,7 +92,7 @@ def _withdraw(group: tuple[str, ...], name: str) -> list[str] | None:
 
 def _abandon(group: tuple[str, ...], reason: str) -> list[str]:
     """The leader gives up: every rank waiting in this generation raises; returns the missing."""
-    with _lock:
+    with _LOCK_PER_PROCESS:
         arrived = _state().pop(group, {})
     missing = sorted(set(group) - set(arrived))
     for fut in arrived.values():

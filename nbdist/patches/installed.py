@@ -4,7 +4,7 @@ hooks they call.
 A patch lasts as long as the process that installed it (torch's modules and file descriptors
 are per process, not per world), so this record is the one place such state lives outside
 ``world_state``: each ``install()`` asks ``first_time(name)``, each hook is a field of
-``HOOKS``. A forked child inherits both, as it inherits the patched modules.
+``hooks()``. A forked child inherits both, as it inherits the patched modules.
 """
 
 from __future__ import annotations
@@ -14,30 +14,30 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["HOOKS", "Hooks", "SyncTiming", "first_time", "forget", "has"]
+__all__ = ["Hooks", "SyncTiming", "first_time", "forget", "has", "hooks"]
 
-_DONE: set[str] = set()
-_LOCK = threading.Lock()
+_DONE_PER_PROCESS: set[str] = set()
+_LOCK_PER_PROCESS = threading.Lock()
 
 
 def first_time(name: str) -> bool:
     """True once per process for ``name`` (the caller installs it then), False afterwards."""
-    with _LOCK:
-        if name in _DONE:
+    with _LOCK_PER_PROCESS:
+        if name in _DONE_PER_PROCESS:
             return False
-        _DONE.add(name)
+        _DONE_PER_PROCESS.add(name)
         return True
 
 
 def forget(name: str) -> None:
     """``name`` was uninstalled: the next ``first_time(name)`` is True again."""
-    with _LOCK:
-        _DONE.discard(name)
+    with _LOCK_PER_PROCESS:
+        _DONE_PER_PROCESS.discard(name)
 
 
 def has(name: str) -> bool:
     """Whether ``name`` was installed in this process."""
-    return name in _DONE
+    return name in _DONE_PER_PROCESS
 
 
 @dataclass
@@ -63,4 +63,9 @@ class SyncTiming:
     end: Callable[[], None]
 
 
-HOOKS = Hooks()
+def hooks() -> Hooks:
+    """The hooks this process's patches call."""
+    return _HOOKS_PER_PROCESS
+
+
+_HOOKS_PER_PROCESS = Hooks()

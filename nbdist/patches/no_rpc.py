@@ -38,45 +38,45 @@ class _NoRpc:
     wrapper_code: Any = None
 
 
-_NO_RPC = _NoRpc()
+_NO_RPC_PER_PROCESS = _NoRpc()
 
 
 def active() -> str | None:
     """Why this process's world has no RPC, or None when it has (or there is no world)."""
-    return _NO_RPC.reason
+    return _NO_RPC_PER_PROCESS.reason
 
 
 def check(what: str) -> None:
     """Raise ``NoRpcError`` saying ``what`` needs RPC, when this world has none."""
-    if _NO_RPC.reason is not None:
-        raise NoRpcError(f"{what} needs torch RPC: {_NO_RPC.reason}")
+    if _NO_RPC_PER_PROCESS.reason is not None:
+        raise NoRpcError(f"{what} needs torch RPC: {_NO_RPC_PER_PROCESS.reason}")
 
 
 def enter(reason: str) -> None:
     """This process is now in a world without RPC, for ``reason`` (``FLAG`` or ``BUILD``)."""
-    _NO_RPC.reason = reason
-    if _NO_RPC.original is None and torch_private.usable("no_rpc"):
+    _NO_RPC_PER_PROCESS.reason = reason
+    if _NO_RPC_PER_PROCESS.original is None and torch_private.usable("no_rpc"):
         from torch.distributed.rpc import api
 
-        _NO_RPC.wrapper_code = api._require_initialized(lambda: None).__code__
-        _NO_RPC.original = _NO_RPC.torch = replace("no_rpc", api, "_is_current_rpc_agent_set",
-                                                   _is_current_rpc_agent_set)
+        _NO_RPC_PER_PROCESS.wrapper_code = api._require_initialized(lambda: None).__code__
+        _NO_RPC_PER_PROCESS.original = _NO_RPC_PER_PROCESS.torch = replace(
+            "no_rpc", api, "_is_current_rpc_agent_set", _is_current_rpc_agent_set)
 
 
 def leave() -> list[str]:
     """The world without RPC has ended: torch's RPC calls answer as torch's own again (this
     feature's uninstall); what stayed in place (another feature's wrapper on top)."""
-    _NO_RPC.reason = None
-    left = restore("no_rpc") if _NO_RPC.original is not None else []
+    _NO_RPC_PER_PROCESS.reason = None
+    left = restore("no_rpc") if _NO_RPC_PER_PROCESS.original is not None else []
     if not left:
-        _NO_RPC.original = None
+        _NO_RPC_PER_PROCESS.original = None
     return left
 
 
 def agent_set() -> bool:
     """torch's own answer: whether an RPC agent runs in this process (False without RPC)."""
-    if _NO_RPC.torch is not None:
-        return bool(_NO_RPC.torch())
+    if _NO_RPC_PER_PROCESS.torch is not None:
+        return bool(_NO_RPC_PER_PROCESS.torch())
     if not torch_private.usable("no_rpc"):
         return False
     from torch.distributed.rpc import api
@@ -86,14 +86,14 @@ def agent_set() -> bool:
 
 def _is_current_rpc_agent_set() -> bool:
     """torch's answer, except to ``_require_initialized`` in a world without RPC: raise."""
-    if _NO_RPC.torch():
+    if _NO_RPC_PER_PROCESS.torch():
         return True
     caller = sys._getframe(1)
-    if _NO_RPC.reason is not None and caller.f_code is _NO_RPC.wrapper_code:
+    if _NO_RPC_PER_PROCESS.reason is not None and caller.f_code is _NO_RPC_PER_PROCESS.wrapper_code:
         func = caller.f_locals.get("func")
         name = getattr(func, "__name__", "this call")
         # torch's own words first: code that matches them (torch's tests, a script's
         # except clause) still does
         raise NoRpcError(f"RPC has not been initialized. torch.distributed.rpc.{name} needs "
-                         f"torch RPC: {_NO_RPC.reason}")
+                         f"torch RPC: {_NO_RPC_PER_PROCESS.reason}")
     return False

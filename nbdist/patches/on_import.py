@@ -17,12 +17,12 @@ from typing import Any
 
 __all__ = ["after_import"]
 
-_lock = threading.Lock()
+_LOCK_PER_PROCESS = threading.Lock()
 
 
 def after_import(name: str, then: Callable[[Any], None]) -> None:
     """``then(module)`` once ``name`` is imported (now, if it is)."""
-    with _lock:
+    with _LOCK_PER_PROCESS:
         module = sys.modules.get(name)
         if module is None:
             sys.meta_path.insert(0, _AfterImport(name, then))
@@ -46,7 +46,7 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 
         def exec_module(module: Any) -> None:
             run(module)
-            with _lock:
+            with _LOCK_PER_PROCESS:
                 if self in sys.meta_path:
                     sys.meta_path.remove(self)
             self.then(module)

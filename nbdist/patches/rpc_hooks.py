@@ -12,7 +12,6 @@ Private torch names: ``tests/unit/test_torch_pins.py`` fails loudly if an upgrad
 from __future__ import annotations
 
 import collections
-import ctypes
 import functools
 import re
 import sys
@@ -24,8 +23,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .. import world_state
+from ..thread_raise import clear_pending, raise_in
 from . import torch_private
-from .installed import HOOKS, first_time, forget
+from .installed import first_time, forget, hooks
 from .replaced import replace, restore
 from .thread_states import pin
 
@@ -48,9 +48,10 @@ __all__ = [
 # thread id -> tokens of the RPC functions it runs now. Injections happen under the lock, so a
 # thread that has left (under the lock too) and dropped its pending interrupt gets no other.
 # Re-entrant: a worker's SIGINT handler may run again, inside itself, on the main thread.
-_active_lock = threading.RLock()
-_active: dict[int, set[object]] = {}
-_hit: set[int] = set()  # threads an interrupt was injected into that have not dropped it yet
+_ACTIVE_LOCK_PER_PROCESS = threading.RLock()
+_ACTIVE_PER_PROCESS: dict[int, set[object]] = {}
+#: threads an interrupt was injected into that have not dropped it yet
+_HIT_PER_PROCESS: set[int] = set()
 
 class WorldHooks(Protocol):
     """What rank 0's RPC calls ask of the world they run in (``dest``: a rank, name or
@@ -113,7 +114,7 @@ def last_failed_destination() -> Any:
 def set_on_failure(hook: Callable[[BaseException, Any], None] | None) -> None:
     """``hook(exc, traceback)`` is told of each exception an RPC function on this rank raised
     (the worker keeps the last one for post-mortem debugging)."""
-    HOOKS.on_failure = hook
+    hooks().on_failure = hook
 
 
 def wait_future(fut: Any, dest: Any = None, poll: float = 0.1) -> Any:
@@ -246,11 +247,11 @@ def install_caller() -> None:
 
     original = api.rpc_sync
 
-    hooks = HOOKS
+    record = hooks()  # one object for the process's life: read its field inline
 
     @api._require_initialized
     def rpc_sync(to, func, args=None, kwargs=None, timeout: float = UNSET_RPC_TIMEOUT):
-        timing = hooks.sync_timing  # tracing's timing: in this one wrapper, not one more
+        timing = record.sync_timing  # tracing's timing: in this one wrapper, not one more
         timed = False
         if timing is not None and timing.switch.on:
             tls = timing.tls
@@ -306,7 +307,7 @@ def install_callee(after_call: Callable[[], None] | None = None) -> None:
     to flush printed output, so it reaches the notebook ahead of the RPC's result).
     """
     if after_call is not None:
-        HOOKS.after_call = after_call
+        hooks().after_call = after_call
     if not torch_private.usable("callee") or not first_time("rpc_hooks.callee"):
         return
     from torch.distributed.rpc import internal
@@ -323,7 +324,8 @@ def uninstall_callee() -> list[str]:
 
 
 def _run_function(python_udf: Any) -> Any:
-    """torch's ``internal._run_function``, registered in ``_active`` while the function runs.
+    """torch's ``internal._run_function``, registered in ``_ACTIVE_PER_PROCESS`` while the
+    function runs.
 
     An interrupt (``interrupt_rpc_threads``) may land on any bytecode here. Registering happens
     inside the ``try``; leaving is idempotent and retried when a second interrupt cuts it;
@@ -363,27 +365,28 @@ def _run_function(python_udf: Any) -> Any:
 
 
 def _enter(tid: int, token: object) -> None:
-    with _active_lock:
-        _active.setdefault(tid, set()).add(token)
+    with _ACTIVE_LOCK_PER_PROCESS:
+        _ACTIVE_PER_PROCESS.setdefault(tid, set()).add(token)
 
 
 def _leave(tid: int, token: object) -> None:
     """Forget ``token`` (idempotent); when ``tid`` runs no other RPC function, drop any
     interrupt injected into it that has not been raised yet."""
-    with _active_lock:
-        calls = _active.get(tid)
+    with _ACTIVE_LOCK_PER_PROCESS:
+        calls = _ACTIVE_PER_PROCESS.get(tid)
         if calls is not None:
             calls.discard(token)
             if not calls:
-                del _active[tid]
-        if tid in _hit and tid not in _active:  # no ctypes call unless one was injected
-            _hit.discard(tid)
-            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(tid), None)
+                del _ACTIVE_PER_PROCESS[tid]
+        # no call into CPython unless one was injected
+        if tid in _HIT_PER_PROCESS and tid not in _ACTIVE_PER_PROCESS:
+            _HIT_PER_PROCESS.discard(tid)
+            clear_pending(tid)
 
 
 def _call_after_call() -> None:
     """Run the ``after_call`` hook; its failure must not replace the function's outcome."""
-    hook = HOOKS.after_call
+    hook = hooks().after_call
     if hook is None:
         return
     try:
@@ -402,7 +405,7 @@ def _remote_exception(exc: BaseException) -> Any:
     from torch.distributed.rpc import internal
 
     tb = exc.__traceback__.tb_next if exc.__traceback__ else None  # not _run_function's frame
-    hook = HOOKS.on_failure
+    hook = hooks().on_failure
     if hook is not None:
         try:
             hook(exc, tb)
@@ -428,12 +431,12 @@ _SHOWN_STREAMS = frozenset({"OutStream", "ChannelStream"})
 
 def interrupt_rpc_threads() -> int:
     """Raise KeyboardInterrupt in every thread now running an RPC function; returns how many."""
-    with _active_lock:  # held while injecting: a thread cannot leave _active meanwhile
-        for tid in _active:
-            _hit.add(tid)
-            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(tid),
-                                                       ctypes.py_object(KeyboardInterrupt))
-        return len(_active)
+    # held while injecting: a thread cannot leave _ACTIVE_PER_PROCESS meanwhile
+    with _ACTIVE_LOCK_PER_PROCESS:
+        for tid in _ACTIVE_PER_PROCESS:
+            _HIT_PER_PROCESS.add(tid)
+            raise_in(tid, KeyboardInterrupt)
+        return len(_ACTIVE_PER_PROCESS)
 
 
 def reset_world_state(init_count: int = 0, keep_init_counter: bool = False) -> None:

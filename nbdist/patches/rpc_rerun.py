@@ -53,14 +53,14 @@ _AGENT_PER_PROCESS = _UserAgent()
 #: not meet. Far above torch's own count and ``spawn``'s keys; each cell has 2**16 inits.
 CELL_KEYS = 1 << 32
 END_TIMEOUT = 30.0  # seconds the agent of a failed cell has to shut down
-_lock = threading.Lock()
+_LOCK_PER_PROCESS = threading.Lock()
 
 
 def install() -> None:
     """Wrap ``torch.distributed.rpc.init_rpc`` (once per process; needs torch's RPC)."""
     import torch.distributed.rpc as rpc
 
-    with _lock:
+    with _LOCK_PER_PROCESS:
         if _AGENT_PER_PROCESS.installed or not rpc.is_available():
             return
         _AGENT_PER_PROCESS.installed = True
@@ -70,7 +70,7 @@ def install() -> None:
 
 def uninstall() -> list[str]:
     """torch's own ``init_rpc`` again; what stayed in place."""
-    with _lock:
+    with _LOCK_PER_PROCESS:
         left = restore("rerun")
         if not left:
             _AGENT_PER_PROCESS.installed = False

@@ -24,29 +24,38 @@ __all__ = ["ENV", "install", "pin", "uninstall"]
 ENV = "NBDIST_KEEP_THREAD_STATES"
 
 
+class _Pinning:
+    """Whether pinning is switched off in this process (``install`` reads ``ENV``)."""
+
+    def __init__(self) -> None:
+        self.off = False
+
+
 class _Pinned(threading.local):
-    """Whether this thread state is pinned: a new one reads the class default (False, or
-    True while pinning is switched off)."""
+    """Whether this thread state is pinned (a thread's starts False)."""
 
-    done = False
+    done = False  # the default every thread reads until it pins; never set on the class
 
 
-_local = _Pinned()
+_PINNING_PER_PROCESS = _Pinning()
+_PINNED_PER_PROCESS = _Pinned()  # each thread's own flag
 _ensure = ctypes.pythonapi.PyGILState_Ensure
 
 
 def pin() -> None:
     """Keep the calling thread's Python thread state alive for good (idempotent, cheap)."""
-    local = _local
+    local = _PINNED_PER_PROCESS
     if not local.done:
+        if _PINNING_PER_PROCESS.off:  # switched off: no thread is pinned
+            return
         local.done = True
         _ensure()
 
 
 def install() -> None:
     """Pin each thread that unpickles an RPC message in this process (idempotent)."""
-    _Pinned.done = not switched_on(ENV)  # off: every thread reads "pinned", pin() does nothing
-    if (_Pinned.done or not torch_private.usable("thread_states")
+    off = _PINNING_PER_PROCESS.off = not switched_on(ENV)  # off: pin() does nothing
+    if (off or not torch_private.usable("thread_states")
             or not first_time("thread_states")):
         return
     from torch.distributed.rpc import internal

@@ -261,7 +261,7 @@ PRIVATES: tuple[Private, ...] = (
     Private("hidden_groups", "torch._C._distributed_c10d", "_unregister_process_group"),
 )
 
-_lock_once = threading.Lock()
+_LOCK_PER_PROCESS = threading.Lock()
 
 
 def _look(p: Private) -> str | None:
@@ -285,7 +285,7 @@ def _look(p: Private) -> str | None:
 
 def problems() -> list[tuple[Private, str]]:
     """Every listed name that is missing or changed on this torch (looked up once)."""
-    with _lock_once:
+    with _LOCK_PER_PROCESS:
         return _looked_up()
 
 

@@ -14,10 +14,10 @@ from typing import Any
 
 from .. import world_state
 from ..patches import process_group, rpc_hooks, rpc_rerun, thread_states
+from ..rank_config import RankConfig
 from ..shipping import pickler as shipping
 from ..shm import transport as shm
 from . import nccl
-from .rank_config import RankConfig
 
 __all__ = ["Runner", "Steps", "install_rpc_patches", "join", "join_group", "join_rpc",
            "leave", "let_user_groups_in", "rpc_joined"]

@@ -54,7 +54,7 @@ class _ShellOfThisProcess:
 
 
 _SHELL_PER_PROCESS = _ShellOfThisProcess()
-_bundles = itertools.count(1)  # numbers the displays sent in pieces
+_BUNDLES_PER_PROCESS = itertools.count(1)  # numbers the displays sent in pieces
 
 
 def _make_shell() -> Any:
@@ -428,7 +428,7 @@ def _deliver_pieces(msg: DisplayData) -> None:
     if len(payload) <= CHUNK:
         _deliver(msg)
         return
-    bundle, total = next(_bundles), -(-len(payload) // CHUNK)
+    bundle, total = next(_BUNDLES_PER_PROCESS), -(-len(payload) // CHUNK)
     view = memoryview(payload)
     for i in range(total):
         try:

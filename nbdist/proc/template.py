@@ -28,8 +28,8 @@ from ..control.protocol import (
     Spawned,
     TemplateReady,
 )
+from ..rank_config import RankConfig
 from .procstat import Sampler
-from .rank_config import RankConfig
 
 __all__ = ["main", "preload", "serve"]
 

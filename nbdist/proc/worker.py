@@ -44,8 +44,8 @@ from ..debugging.remote_pdb import Debugger
 from ..errors import safe_str
 from ..output.rank_streams import ChannelStream, capture_fds
 from ..patches import quiet, rpc_hooks, rpc_rerun
+from ..rank_config import RankConfig
 from . import cuda, membership, shell
-from .rank_config import RankConfig
 
 __all__ = ["run_forked", "current_channel"]
 

@@ -122,17 +122,18 @@ def mark_sent(dest: str, entries: tuple) -> None:
             sent[(dest, name)] = value
 
 
-_sender_wins = threading.local()  # .on: merges on this thread replace this rank's bindings
+#: .on: merges on this thread replace this rank's bindings
+_SENDER_WINS_PER_PROCESS = threading.local()
 
 
 @contextlib.contextmanager
 def sender_wins() -> Iterator[None]:
     """Within: every global arriving (on this thread) replaces this rank's binding."""
-    _sender_wins.on = True
+    _SENDER_WINS_PER_PROCESS.on = True
     try:
         yield
     finally:
-        _sender_wins.on = False
+        _SENDER_WINS_PER_PROCESS.on = False
 
 
 def merge(sender: str, entries: tuple, ns: dict) -> None:
@@ -141,7 +142,7 @@ def merge(sender: str, entries: tuple, ns: dict) -> None:
         return
     st = _world()
     mirrored = _MIRROR_PER_PROCESS.mirrored
-    force = getattr(_sender_wins, "on", False)
+    force = getattr(_SENDER_WINS_PER_PROCESS, "on", False)
     waiting = []
     with st.cv:
         for name, value in entries:

@@ -23,8 +23,8 @@ __all__ = ["class_key", "code_key", "lookup", "twin_class", "twin_function"]
 
 # a cell compiled under another rank's ``from __future__`` flags still does the same
 _NOT_FUTURE = ~sum(getattr(__future__, name).compiler_flag for name in __future__.all_feature_names)
-_code_keys: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_class_keys: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_CODE_KEYS_PER_PROCESS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_CLASS_KEYS_PER_PROCESS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _feed(h: Any, code: types.CodeType) -> None:
@@ -68,7 +68,7 @@ def _source(code: types.CodeType) -> str | None:
 def code_key(code: types.CodeType) -> str:
     """A digest of the definition ``code`` came from, equal in every process that ran the
     same cell (its source; without source, its bytecode, constants and names)."""
-    key = _code_keys.get(code)
+    key = _CODE_KEYS_PER_PROCESS.get(code)
     if key is None:
         h = hashlib.blake2b(digest_size=16)
         source = _source(code)
@@ -76,7 +76,7 @@ def code_key(code: types.CodeType) -> str:
             h.update(f"source {code.co_name}\n{source}".encode())
         else:
             _feed(h, code)
-        key = _code_keys[code] = h.hexdigest()
+        key = _CODE_KEYS_PER_PROCESS[code] = h.hexdigest()
     return key
 
 
@@ -103,7 +103,7 @@ def class_key(cls: type) -> str:
     until one of its functions is replaced)."""
     codes = _codes(cls)
     token = tuple(id(code) for _, code in codes)
-    hit = _class_keys.get(cls)
+    hit = _CLASS_KEYS_PER_PROCESS.get(cls)
     if hit is not None and hit[0] == token:
         return hit[1]
     h = hashlib.blake2b(digest_size=16)
@@ -112,7 +112,7 @@ def class_key(cls: type) -> str:
     for name, code in codes:
         h.update(f";{name}={code_key(code)}".encode())
     key = h.hexdigest()
-    _class_keys[cls] = (token, key)
+    _CLASS_KEYS_PER_PROCESS[cls] = (token, key)
     return key
 
 

@@ -71,7 +71,7 @@ class _ShmWorld:
     def close(self) -> None:
         """The arena's descriptor and mapping go (peers keep what they hold); mappings of
         peers' arenas go as soon as nothing here holds their slots."""
-        with _lock:
+        with _LOCK_PER_PROCESS:
             self.config = None
             arena, self.arena = self.arena, None
             peers = list(self.peers.values())
@@ -102,7 +102,7 @@ def _mapped_peers() -> list[PeerArena]:
     return list(world.peers.values()) if world is not None else []
 
 
-_lock = threading.Lock()
+_LOCK_PER_PROCESS = threading.Lock()
 
 
 class _TorchRefs:
@@ -134,7 +134,7 @@ class _Tls(threading.local):
     recv: Any = None  # (descriptor tensor, tensors not handed out yet, count left)
 
 
-_tls = _Tls()
+_THREAD_PER_PROCESS = _Tls()
 
 
 def use_tables(thread_tables: Any) -> None:
@@ -177,7 +177,7 @@ def close_world() -> None:
 
 # messages, this process: sent through the arena, ``fallback`` (no room), ``repeat`` (the same
 # bytes already on their way to another rank: TensorPipe's), received ``zero_copy``/``copied``
-_counts = {"sent": 0, "fallback": 0, "repeat": 0, "zero_copy": 0, "copied": 0}
+_COUNTS_PER_PROCESS = {"sent": 0, "fallback": 0, "repeat": 0, "zero_copy": 0, "copied": 0}
 
 
 def usage() -> dict | None:
@@ -190,27 +190,27 @@ def usage() -> dict | None:
     if cfg is None:
         return None
     if arena is None:
-        return {"used": 0, "faulted": 0, "size": cfg.size, "slots": 0, **_counts}
-    return {**arena.usage(), **_counts}
+        return {"used": 0, "faulted": 0, "size": cfg.size, "slots": 0, **_COUNTS_PER_PROCESS}
+    return {**arena.usage(), **_COUNTS_PER_PROCESS}
 
 
 def begin(dest: str | None) -> _Message | None:
     """Before pickling a message to ``dest`` (None: a reply): note its large tensors if it
     goes to this host. Returns what ``end`` restores (pickling can nest)."""
-    prev = _tls.msg
+    prev = _THREAD_PER_PROCESS.msg
     cfg = _current_config()
     if cfg is None or not (cfg.all_local if dest is None else dest in cfg.local):
-        _tls.msg = None
+        _THREAD_PER_PROCESS.msg = None
     else:
-        _tls.msg = _Message(cfg.min_bytes, cfg.pack_bytes)
+        _THREAD_PER_PROCESS.msg = _Message(cfg.min_bytes, cfg.pack_bytes)
     return prev
 
 
 def end(prev: _Message | None, send_tables: list | None) -> None:
     """After pickling: copy the noted tensors into a slot and put the descriptor in
     ``send_tables`` (None: pickling failed, nothing goes)."""
-    msg = _tls.msg
-    _tls.msg = prev
+    msg = _THREAD_PER_PROCESS.msg
+    _THREAD_PER_PROCESS.msg = prev
     if msg is not None and msg.tensors and send_tables is not None:
         send_tables[msg.desc_index] = _seal(msg.tensors, send_tables,
                                             msg.noted >= msg.min_bytes)
@@ -225,7 +225,7 @@ def tensor_reducer(orig: Callable[[Any], Any]) -> Callable[[Any], Any]:
     strided = torch.strided
 
     def reduce(t: Any) -> Any:
-        msg = _tls.msg
+        msg = _THREAD_PER_PROCESS.msg
         if msg is None:
             return orig(t)
         # only a dense CPU tensor's bytes can be copied as they are: anything else (sparse,
@@ -250,7 +250,7 @@ def tensor_reducer(orig: Callable[[Any], Any]) -> Callable[[Any], Any]:
 
 def _get_arena(world: _ShmWorld) -> Arena | None:
     """``world``'s own arena, made at its first large message (None: the path is off)."""
-    with _lock:
+    with _LOCK_PER_PROCESS:
         cfg = world.config
         if world.arena is None and cfg is not None:
             try:
@@ -323,11 +323,11 @@ def _seal(tensors: list, send_tables: list, span: bool = True) -> Any:
         earlier = world.copied.get(seen)
         if earlier is not None and arena.unclaimed(*earlier):
             arena, repeat = None, True
-            _counts["repeat"] += 1
+            _COUNTS_PER_PROCESS["repeat"] += 1
     got = arena.alloc(total) if arena is not None else None
     if got is None:  # no room (or not worth a slot): every noted tensor goes the ordinary way
         if span and not repeat:
-            _counts["fallback"] += 1
+            _COUNTS_PER_PROCESS["fallback"] += 1
         desc: tuple = ("t", [_table_append(send_tables, t) for t in tensors])
     else:
         slot, offset, gen = got
@@ -348,7 +348,7 @@ def _seal(tensors: list, send_tables: list, span: bool = True) -> Any:
             es = t.element_size()
             entries.append((gi, str(t.dtype)[6:], tuple(t.shape), t.stride(),
                             (t.storage_offset() * es - groups[key][1]) // es))
-        _counts["sent"] += 1
+        _COUNTS_PER_PROCESS["sent"] += 1
         if seen is not None:
             if len(world.copied) >= 64:
                 world.copied.clear()
@@ -368,14 +368,14 @@ def _receive(desc_index: int, k: int) -> Any:
     """Unpickling hook: tensor ``k`` of the message whose descriptor is ``desc_index``."""
     recv = _TORCH_PER_PROCESS.thread_tables.recv_tables
     desc_t = recv[desc_index]
-    cache = _tls.recv
+    cache = _THREAD_PER_PROCESS.recv
     if cache is None or cache[0] is not desc_t:
         tensors = _decode(ctypes.string_at(desc_t.data_ptr(), desc_t.numel()), recv)
-        cache = _tls.recv = [desc_t, tensors, len(tensors)]
+        cache = _THREAD_PER_PROCESS.recv = [desc_t, tensors, len(tensors)]
     t, cache[1][k] = cache[1][k], None  # pickle asks for each tensor once (its memo)
     cache[2] -= 1
     if cache[2] <= 0:
-        _tls.recv = None  # hold nothing of a message once it is unpickled
+        _THREAD_PER_PROCESS.recv = None  # hold nothing of a message once it is unpickled
     return t
 
 
@@ -383,7 +383,7 @@ def _peer(pid: int, fd: int, token: int, length: int) -> PeerArena:
     """The sender's arena mapped here, pinned (a world closing meanwhile keeps it mapped)."""
     key = (pid, token)
     world = world_state.peek(_ShmWorld)
-    with _lock:
+    with _LOCK_PER_PROCESS:
         peer = world.peers.get(key) if world is not None else None
         if peer is None:
             peer = PeerArena(pid, fd, token, length)
@@ -435,7 +435,7 @@ def _decode(data: bytes, recv: list) -> list:
         raise
     if not zero_copy:
         peer.give_back(slot)
-    _counts["zero_copy" if zero_copy else "copied"] += 1
+    _COUNTS_PER_PROCESS["zero_copy" if zero_copy else "copied"] += 1
     storages = [b.untyped_storage() for b in bases]
     out = []
     dtypes: dict[str, Any] = {}

@@ -14,7 +14,6 @@ interrupts every rank.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import functools
 import itertools
 import os
@@ -31,6 +30,7 @@ from ..cluster.failfast import FailFast
 from ..errors import DistTimeoutError, RankFailure
 from ..patches import mp_spawn as patch
 from ..spawn import one_rank as spawned
+from ..thread_raise import raise_in
 
 __all__ = ["AFTER_FAILURE", "BARE", "install", "starts_rpc", "take"]
 
@@ -41,7 +41,7 @@ AFTER_FAILURE = 5.0
 # agent, no process group, as a spawned process begins
 BARE = {"rpc": False, "process_group": "none"}
 _MISSING = object()  # a rank whose result was not collected (interrupted after a failure)
-_GENERATIONS = itertools.count(1)  # spawns run from this notebook (``spawned.call``)
+_GENERATIONS_PER_PROCESS = itertools.count(1)  # spawns run from this notebook (``spawned.call``)
 
 
 def install() -> None:
@@ -179,7 +179,7 @@ class _Spawn:
         self.failed_at = 0.0  # when (time.monotonic()) rank 0's failure happened
         self.thread: threading.Thread | None = None
         self.done = False
-        self.generation = next(_GENERATIONS)
+        self.generation = next(_GENERATIONS_PER_PROCESS)
         self.exec_id = cluster.send_cell(spawned.cell(fn, args, self.generation), self.targets) \
             if cluster is not None else None
 
@@ -247,8 +247,7 @@ class _Spawn:
         self._interrupt_workers()
         t = self.thread
         if t is not None and t.is_alive() and t.ident is not None:
-            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(t.ident),
-                                                       ctypes.py_object(KeyboardInterrupt))
+            raise_in(t.ident, KeyboardInterrupt)
 
     def _interrupt_workers(self) -> None:
         if self.cluster is not None and self.targets:

@@ -159,7 +159,7 @@ class _History:
         self.handlers: dict[str, Callable[[dict], None]] = {}  # internal kind -> handler
 
 
-_H = _History()
+_HISTORY_PER_PROCESS = _History()
 
 
 def deliver(records: Any) -> None:
@@ -188,7 +188,7 @@ def _split_internal(records: list[dict]) -> tuple[list, list]:
 
 def _handle_internal(specials: Iterable[dict]) -> None:
     for special in specials:
-        handler = _H.handlers.get(special[INTERNAL])
+        handler = _HISTORY_PER_PROCESS.handlers.get(special[INTERNAL])
         if handler is not None:
             try:
                 handler(special)
@@ -199,7 +199,7 @@ def _handle_internal(specials: Iterable[dict]) -> None:
 def _store(rank: int | None, name: str | None, rows: list) -> None:
     """Append ``rows`` (worker rows of ``rank`` or record dicts if ``rank`` is None)."""
     added = []
-    h = _H
+    h = _HISTORY_PER_PROCESS
     with h.lock:
         add = h.table.add
         want = bool(h.subscribers)
@@ -228,23 +228,23 @@ def _store(rank: int | None, name: str | None, rows: list) -> None:
 
 def register_handler(kind: str, handler: Callable[[dict], None]) -> None:
     """Internal records ``{"__nbdist__": kind, ...}`` go to ``handler``, not the history."""
-    _H.handlers[kind] = handler
+    _HISTORY_PER_PROCESS.handlers[kind] = handler
 
 
 def generation() -> int:
     """A number that changes each time ``clear`` runs."""
-    return _H.generation
+    return _HISTORY_PER_PROCESS.generation
 
 
 def record_count() -> int:
     """How many records the history holds."""
-    return len(_H.table)
+    return len(_HISTORY_PER_PROCESS.table)
 
 
 def history(rank: int | None = None, key: str | None = None) -> list[dict]:
     """Copies of the records received so far, optionally for one rank or one value name."""
-    with _H.lock:
-        return _H.table.rows(_H.table.select(rank, key))
+    with _HISTORY_PER_PROCESS.lock:
+        return _HISTORY_PER_PROCESS.table.rows(_HISTORY_PER_PROCESS.table.select(rank, key))
 
 
 def history_frame(rank: int | None = None, key: str | None = None) -> Any:
@@ -258,9 +258,9 @@ def history_frame(rank: int | None = None, key: str | None = None) -> Any:
 
 def clear() -> None:
     """Forget every record received."""
-    with _H.lock:
-        _H.table = Table()
-        _H.generation += 1
+    with _HISTORY_PER_PROCESS.lock:
+        _HISTORY_PER_PROCESS.table = Table()
+        _HISTORY_PER_PROCESS.generation += 1
 
 
 def export_history(path: str) -> str:
@@ -272,15 +272,15 @@ def export_history(path: str) -> str:
         with open(path, "w") as f:
             json.dump(rows, f, default=repr)
         return path
-    with _H.lock:
-        cols = [*META, *_H.table.columns]
+    with _HISTORY_PER_PROCESS.lock:
+        cols = [*META, *_HISTORY_PER_PROCESS.table.columns]
     return write_csv(path, cols, rows)
 
 
 def subscribe(fn: Callable[[list[dict]], None]) -> None:
     """Call ``fn(records)`` (from the receiving thread, keep it quick) as records arrive."""
-    with _H.lock:
-        _H.subscribers.append(fn)
+    with _HISTORY_PER_PROCESS.lock:
+        _HISTORY_PER_PROCESS.subscribers.append(fn)
 
 
 def follow(fn: Callable[[list[dict]], None]) -> tuple[list[dict], int]:
@@ -296,15 +296,15 @@ def follow_with(fn: Callable[[list[dict]], None],
                 load: Callable[[Table], Any]) -> tuple[Any, int]:
     """Like ``follow``, but return ``load(the history's Table)`` instead of record dicts
     (``load`` runs under the history's lock: read the table there, keep no reference)."""
-    with _H.lock:
-        if fn in _H.subscribers:
-            _H.subscribers.remove(fn)
-        _H.subscribers.append(fn)
-        return load(_H.table), _H.generation
+    with _HISTORY_PER_PROCESS.lock:
+        if fn in _HISTORY_PER_PROCESS.subscribers:
+            _HISTORY_PER_PROCESS.subscribers.remove(fn)
+        _HISTORY_PER_PROCESS.subscribers.append(fn)
+        return load(_HISTORY_PER_PROCESS.table), _HISTORY_PER_PROCESS.generation
 
 
 def unsubscribe(fn: Callable[[list[dict]], None]) -> None:
     """Stop calling ``fn``."""
-    with _H.lock:
-        if fn in _H.subscribers:
-            _H.subscribers.remove(fn)
+    with _HISTORY_PER_PROCESS.lock:
+        if fn in _HISTORY_PER_PROCESS.subscribers:
+            _HISTORY_PER_PROCESS.subscribers.remove(fn)

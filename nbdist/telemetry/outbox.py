@@ -37,33 +37,33 @@ class _Outbox:
         self.name = "worker"
 
 
-_BOX = _Outbox()
+_OUTBOX_PER_PROCESS = _Outbox()
 
 #: The rows logged and not yet sent (the deque itself, never replaced), and
 #: ``queue((step, time, values))``: what ``log`` calls on a worker (its atomic append).
-rows = _BOX.rows
+rows = _OUTBOX_PER_PROCESS.rows
 queue = rows.append
 
 
 def pending_count() -> int:
     """Rows logged here and not yet taken by the flusher."""
-    return len(_BOX.rows)
+    return len(_OUTBOX_PER_PROCESS.rows)
 
 
 def sent() -> int:
     """Rows the flusher has taken so far."""
-    return _BOX.sent
+    return _OUTBOX_PER_PROCESS.sent
 
 
 def queue_internal(rec: dict) -> None:
     """An internal record, sent after the next batch's ordinary ones."""
-    _BOX.internal.append(rec)
+    _OUTBOX_PER_PROCESS.internal.append(rec)
 
 
 def add_source(source: Callable[[], list[dict]]) -> None:
     """``source()`` is called at every flush; the internal records it returns are sent too."""
-    if source not in _BOX.sources:
-        _BOX.sources.append(source)
+    if source not in _OUTBOX_PER_PROCESS.sources:
+        _OUTBOX_PER_PROCESS.sources.append(source)
 
 
 def start(channel: Any, rank: int, name: str) -> None:
@@ -72,7 +72,7 @@ def start(channel: Any, rank: int, name: str) -> None:
     Where ``channel`` can ``drain``, the thread waits (up to 5 s) until a batch is written, so
     records pile up here, bounded by ``log``, not in the channel's queue.
     """
-    _BOX.name = name
+    _OUTBOX_PER_PROCESS.name = name
     threading.Thread(target=_flush_loop, args=(channel, rank), daemon=True,
                      name="nbdist-metrics").start()
 
@@ -95,8 +95,8 @@ def _take(q: collections.deque, n: int) -> list:
 
 
 def _specials() -> list[dict]:
-    specials = _take(_BOX.internal, len(_BOX.internal))
-    for source in _BOX.sources:
+    specials = _take(_OUTBOX_PER_PROCESS.internal, len(_OUTBOX_PER_PROCESS.internal))
+    for source in _OUTBOX_PER_PROCESS.sources:
         try:
             specials.extend(source())
         except Exception:  # noqa: BLE001
@@ -106,7 +106,7 @@ def _specials() -> list[dict]:
 
 def flush_worker(channel: Any, rank: int) -> None:
     """Send every record logged so far (and internal ones) in order, in one or more batches."""
-    box = _BOX
+    box = _OUTBOX_PER_PROCESS
     with box.lock:
         left = len(box.rows)
         while True:

@@ -79,7 +79,7 @@ class _Me:
         self.next_step = 0  # log()'s default step
 
 
-_ME = _Me()  # one per process
+_ME_PER_PROCESS = _Me()  # one per process
 
 
 def log(step: int | None = None, **values: Any) -> None:
@@ -93,7 +93,7 @@ def log(step: int | None = None, **values: Any) -> None:
     """
     if not values:
         raise ValueError("nbdist.log() needs at least one named value, e.g. log(reward=1.5)")
-    me = _ME
+    me = _ME_PER_PROCESS
     for v in values.values():
         if type(v) not in PLAIN:
             _convert(values, me.worker)
@@ -150,7 +150,7 @@ def register_internal(kind: str, handler: Callable[[dict], None] | None,
 def send_internal(kind: str, **fields: Any) -> None:
     """Hand ``{"__nbdist__": kind, **fields}`` to rank 0's handler for ``kind`` (from any rank)."""
     rec = {INTERNAL: kind, **fields}
-    if _ME.worker:
+    if _ME_PER_PROCESS.worker:
         outbox.queue_internal(rec)
     else:
         deliver([rec])
@@ -158,23 +158,23 @@ def send_internal(kind: str, **fields: Any) -> None:
 
 def identity() -> tuple[int, str]:
     """``(rank, name)`` of this process, as the records it logs carry them."""
-    return _ME.rank, _ME.name
+    return _ME_PER_PROCESS.rank, _ME_PER_PROCESS.name
 
 
 def is_worker() -> bool:
     """Whether this process is a worker rank (its records go to the notebook)."""
-    return _ME.worker
+    return _ME_PER_PROCESS.worker
 
 
 def set_identity(rank: int, name: str) -> None:
     """This process is ``rank`` called ``name`` (rank 0: called when its world is ready)."""
-    _ME.rank, _ME.name = rank, name
+    _ME_PER_PROCESS.rank, _ME_PER_PROCESS.name = rank, name
 
 
 def start_worker_flusher(channel: Any, rank: int, name: str) -> None:
     """Worker: this process is ``rank``; from now on ``log`` queues records and a thread sends
     them through ``channel`` every 50 ms."""
-    _ME.worker = True
+    _ME_PER_PROCESS.worker = True
     set_identity(rank, name)
     outbox.start(channel, rank, name)
 
@@ -185,4 +185,4 @@ def clear_history() -> None:
     A worker's own counter restarts with each new world (give ``step=`` to control it).
     """
     _history.clear()
-    _ME.next_step = 0
+    _ME_PER_PROCESS.next_step = 0

@@ -25,7 +25,7 @@ from typing import Any
 from .. import world_state
 from ..envflag import switched_on
 from ..patches import torch_private
-from ..patches.installed import HOOKS, SyncTiming, first_time, forget, has
+from ..patches.installed import SyncTiming, first_time, forget, has, hooks
 from ..patches.replaced import replace, restore
 from ..patches.thread_states import pin
 from ..table import html_table, human_bytes, text_table
@@ -408,7 +408,7 @@ def install(rank: int, name: str) -> None:
         for (owner, attr), wrap in wrappers.items():
             replace("tracing", owner, attr, wrap(getattr(owner, attr)))
         if has("rpc_hooks.caller"):  # its rpc_sync times the call: no second wrapper
-            HOOKS.sync_timing = SyncTiming(_SWITCH_PER_PROCESS, _CALLS_PER_PROCESS.tls,
+            hooks().sync_timing = SyncTiming(_SWITCH_PER_PROCESS, _CALLS_PER_PROCESS.tls,
                                            _sync_end)
         else:
             rpc_sync = _wrap_rpc_sync(api.rpc_sync)
@@ -423,7 +423,7 @@ def uninstall() -> list[str]:
     with install_lock:
         left = restore("tracing")
         if not left:
-            HOOKS.sync_timing = None
+            hooks().sync_timing = None
             forget("tracing")
     return left
 

@@ -190,9 +190,9 @@ def test_dashboard_updates_live_in_jupyterlab(lab, page):
     assert not any("Traceback" in t for t in texts), texts
     kernels = _api(base, token, "/api/kernels")
     assert kernels, "the notebook's kernel should still be running"
-    from nbdist.cluster.session import SESSION
+    from nbdist.cluster.session import session
 
-    own_template = {SESSION.template_pid()}  # this pytest process's warm template stays
+    own_template = {session().template_pid()}  # this pytest process's warm template stays
     pids_before = child_pids("ipykernel nbdist") - own_template
     for k in kernels:
         _api(base, token, f"/api/kernels/{k['id']}", "DELETE")

@@ -80,10 +80,10 @@ def released(bed):
 
 
 def _group() -> str:
-    from nbdist.cluster.session import SESSION
+    from nbdist.cluster.session import session
 
-    assert SESSION.allocation is not None
-    return str(SESSION.allocation.job_id)
+    assert session().allocation is not None
+    return str(session().allocation.job_id)
 
 
 def where():

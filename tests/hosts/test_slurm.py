@@ -53,10 +53,10 @@ def released(bed):
 
 
 def _job() -> str:
-    from nbdist.cluster.session import SESSION
+    from nbdist.cluster.session import session
 
-    assert SESSION.allocation is not None
-    return str(SESSION.allocation.job_id)
+    assert session().allocation is not None
+    return str(session().allocation.job_id)
 
 
 def _wait_said(capfd, text: str | re.Pattern, timeout: float) -> None:

@@ -31,7 +31,7 @@ OWN_FRAMES = ("magics.py", "cells.py", "core.py", "threading.py", "nbdist/")
 
 LOAD = ("import time as _t\n_t0 = _t.perf_counter()\n%load_ext nbdist\n"
         "_took = _t.perf_counter() - _t0\n"
-        "from nbdist.cluster.session import SESSION as _S\n"
+        "from nbdist.cluster.session import session\n_S = session()\n"
         "print(repr((_took, _S.warmup.importing, _S.template_pid())))")
 
 
@@ -92,7 +92,7 @@ def test_only_a_cell_that_names_torch_waits_for_its_import(kernels):
     beside torch's own body it would see torch half-imported)."""
     k = kernels()
     _timed(k, "%load_ext nbdist")
-    _, out = _timed(k, "from nbdist.cluster.session import SESSION as S\n"
+    _, out = _timed(k, "from nbdist.cluster.session import session\nS = session()\n"
                        "print(S.warmup.importing)")
     assert out.strip() == "True", out  # not held up: the import goes on
     _, out = _timed(k, "print(S.warmup.importing)\nfrom torch.utils.data import DataLoader\n"

@@ -46,7 +46,7 @@ chatty: Callable[[int], None] = _cell_ns["chatty"]
 
 _PRINT_CELL = "for i in range(10**6):\n    print('x' * 3000)"
 _LOG_CELL = "import nbdist\nfor i in range(10**7):\n    nbdist.log(v=i, w=2.5)"
-_ACTIVE = "import nbdist.patches.rpc_hooks as h\nlen(h._active)"
+_ACTIVE = "import nbdist.patches.rpc_hooks as h\nlen(h._ACTIVE_PER_PROCESS)"
 
 
 def _seed() -> int:

@@ -12,8 +12,8 @@ from conftest import wait_gone, wait_until
 pytestmark = pytest.mark.kernel
 
 START = "%load_ext nbdist\n%dist_start 2 --name agent --worker-name obs{rank}"
-PIDS = ("[nbdist.current().worker_pids(), nbdist.cluster.session.SESSION.template.pid, "
-        "nbdist.cluster.session.SESSION.runtime_dir]")
+PIDS = ("[nbdist.current().worker_pids(), nbdist.cluster.session.session().template.pid, "
+        "nbdist.cluster.session.session().runtime_dir]")
 
 
 def _start(k) -> tuple[list[int], int, str]:

@@ -91,9 +91,9 @@ EXIT_SCRIPT = """
 import sys, time
 sys.path.insert(0, {bench!r})
 import nbdist, _lifecycle
-from nbdist.cluster.session import SESSION
+from nbdist.cluster.session import session
 nbdist.start(3, heal=True, quiet=True)
-print("template", SESSION.template_pid(), flush=True)
+print("template", session().template_pid(), flush=True)
 _lifecycle.into_heal(3, {delay})
 print("exiting", time.time(), flush=True)
 """

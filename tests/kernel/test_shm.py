@@ -269,7 +269,7 @@ def test_other_hosts_keep_tensorpipe():
         shm.open_world(zero)
         for dest, goes in (("r1", True), ("r2", False), (None, False)):
             outer = shm.begin(dest)
-            assert (shm._tls.msg is not None) == goes, dest
+            assert (shm._THREAD_PER_PROCESS.msg is not None) == goes, dest
             shm.end(outer, None)
     finally:
         shm.close_world()

@@ -243,7 +243,7 @@ def test_ctrl_c_during_call_interrupts_every_rank(world, ctrl_c, tmp_path):
     finally:
         timer.cancel()
     assert time.monotonic() - t0 < 5.0
-    active = "import nbdist.patches.rpc_hooks as h\nlen(h._active)"
+    active = "import nbdist.patches.rpc_hooks as h\nlen(h._ACTIVE_PER_PROCESS)"
     wait_until(lambda: c.run(active, show=False) == {1: "0", 2: "0", 3: "0"}, 10.0,
                "every rank's RPC function to end after Ctrl-C")
     assert not list(tmp_path.iterdir()), "a rank ran its call to the end after Ctrl-C"
@@ -316,7 +316,7 @@ def test_in_a_kernel_ctrl_c_ends_a_call_and_a_failure_shows_the_cell_line(kernel
     assert rep.status == "error" and rep.error["ename"] == "KeyboardInterrupt", rep
     assert time.monotonic() - t0 < 10
     assert kernel.value("c[:].call(len, 'ab')", timeout=20) == {1: 2, 2: 2}
-    active = "import nbdist.patches.rpc_hooks as h; len(h._active)"
+    active = "import nbdist.patches.rpc_hooks as h; len(h._ACTIVE_PER_PROCESS)"
     wait_until(lambda: kernel.value(f"c.run({active!r}, show=False)") == {1: "0", 2: "0"},
                10.0, "every rank's RPC function to end after Ctrl-C")
     assert not list(tmp_path.iterdir()), "a rank ran its call to the end after Ctrl-C"

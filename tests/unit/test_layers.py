@@ -14,14 +14,20 @@ PKG = ROOT / "nbdist"
 
 # lower number = lower layer; a module may import its own layer or lower ones. A room holding
 # both sides of a feature gives the ranks' side its own, lower layer (the longest name wins).
+# No room shares a layer with one it must not import: the facade (``cluster``) stands above
+# the notebook's sides of the feature rooms it drives, and the control channel below every
+# process that speaks it; the data they share (``RankInfo``, ``RankConfig``) is plain data.
 LAYERS = {
     "devices": 0, "envflag": 0, "errors": 0, "linux": 0, "spec": 0, "table": 0,
-    "rank_sets": 0, "tracebacks": 0, "world_state": 0,
+    "rank_sets": 0, "tracebacks": 0, "world_state": 0, "rank_config": 0, "rank_info": 0,
+    "thread_raise": 0,
     "patches": 1, "shipping": 1, "shm": 1, "groups": 1, "telemetry": 1,
-    "proc": 2, "control": 2, "hosts": 2,
-    "output.rank_streams": 2, "comms.channel_comm": 2, "debugging.remote_pdb": 2,
-    "cluster": 3, "spawn": 3, "output": 3, "comms": 3, "debugging": 3, "hosts.allocation": 3,
-    "magics": 4, "join": 4, "display": 4, "parallel": 4, "tutorials": 4, "__init__": 4,
+    "control": 2,
+    "proc": 3, "hosts": 3,
+    "output.rank_streams": 3, "comms.channel_comm": 3, "debugging.remote_pdb": 3,
+    "output": 4, "comms": 4, "debugging": 4, "hosts.allocation": 4,
+    "cluster": 5, "spawn": 5,
+    "magics": 6, "join": 6, "display": 6, "parallel": 6, "tutorials": 6, "__init__": 6,
 }
 
 
@@ -92,6 +98,19 @@ def test_the_checker_sees_upward_imports():
     assert found == ["cluster.core", "display.live", "magics"]
     assert all(_layer(t)[1] > _layer("control.channel")[1] for t in found)
     assert _layer("output.rank_streams")[1] < _layer("output.router")[1]
+
+
+def test_the_rooms_that_called_up_stand_below_their_callers():
+    """The arrows that once ran up the house (issue 53) cannot come back on one layer: the
+    notebook's sides of output, debugging and hosts stand below ``cluster``, the control
+    channel below ``proc``, and the data they share at the bottom."""
+    for lower, upper in [("output.receiver", "cluster.cells"),
+                         ("output.rich_output", "cluster.core"),
+                         ("debugging.prompts", "cluster.world"),
+                         ("hosts.allocation", "cluster.session"),
+                         ("control.protocol", "proc.worker"),
+                         ("rank_info", "control.channel"), ("rank_config", "patches")]:
+        assert _layer(lower)[1] < _layer(upper)[1], f"{lower} must stand below {upper}"
 
 
 # -- circles ----------------------------------------------------------------------------------
@@ -251,6 +270,13 @@ def test_schedulers_are_reached_only_through_the_door():
     assert not past, "import schedulers from hosts/scheduler.py:\n" + "\n".join(past)
 
 
+def test_one_module_raises_in_other_threads():
+    """``thread_raise.py`` is the one caller of CPython's ``PyThreadState_SetAsyncExc``."""
+    callers = sorted(p.relative_to(PKG).as_posix() for p in PKG.rglob("*.py")
+                     if "PyThreadState_SetAsyncExc" in p.read_text())
+    assert callers == ["thread_raise.py"], "raise in a thread with thread_raise.raise_in"
+
+
 def test_the_global_budget_holds():
     count = sum(isinstance(n, ast.Global) for p in PKG.rglob("*.py")
                 for n in ast.walk(ast.parse(p.read_text())))
@@ -299,12 +325,95 @@ def test_every_per_process_object_is_in_the_layout_list():
     assert listed - defined == set(), "docs/layout.md's list names objects that do not exist"
 
 
+#: calls that make a mutable container: one in a class's body is shared by every instance
+_CONTAINERS = {"dict", "list", "set", "deque", "OrderedDict", "defaultdict", "WeakSet",
+               "WeakKeyDictionary", "WeakValueDictionary"}
+
+
+#: calls whose result is not state: immutable values, types, functions, libraries
+_NOT_STATE_CALLS = {"frozenset", "tuple", "compile", "namedtuple", "TypeVar", "object",
+                    "getLogger", "Struct", "type", "CDLL", "sum", "dim_partitioner", "str",
+                    "int", "float", "bytes", "Path", "MappingProxyType", "get"}
+_MUTATORS = {"append", "add", "update", "pop", "popitem", "clear", "setdefault", "extend",
+             "insert", "remove", "discard", "appendleft", "popleft", "sort"}
+#: Files whose module-level objects are counted elsewhere: none since items 1-4 of issue 53
+#: moved the pickler's and tracing's into their objects.
+MODULE_STATE_ELSEWHERE: set[str] = set()
+#: Module-level objects the finder takes for state that are not nbdist's state, and why.
+NOT_STATE = {
+    "control/protocol.py:_TAGS": "every message class by tag, complete once it is imported",
+    "shipping/own_main.py:UNCHANGED": "a marker, without state",
+    "patches/mp_spawn.py:DECLINE": "a marker, without state",
+    "telemetry/tracing.py:_NO_WORLD": "what tracing reads between worlds: never armed or changed",
+    "tutorials/batching.py:RESULTS": "the tutorial's own record (notebook 04 reads, clears it)",
+}
+
+
+def _module_state(source: str) -> list[tuple[int, str]]:
+    """(line, name) of each module-level mutable object not named ``_..._PER_PROCESS``: an
+    object made by a call (but ``_NOT_STATE_CALLS``), or a list, dict or set the module
+    changes (a table it only reads is a constant)."""
+    tree = ast.parse(source)
+    changed = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Subscript, ast.Attribute)) and isinstance(
+                node.ctx, (ast.Store, ast.Del)) and isinstance(node.value, ast.Name):
+            changed.add(node.value.id)
+        elif isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name):
+            changed.add(node.target.id)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                node.func.attr in _MUTATORS and isinstance(node.func.value, ast.Name):
+            changed.add(node.func.value.id)
+    found = []
+    for node in tree.body:
+        if not isinstance(node, (ast.Assign, ast.AnnAssign)) or node.value is None:
+            continue
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        value, names = node.value, [t.id for t in targets if isinstance(t, ast.Name)]
+        fn = value.func if isinstance(value, ast.Call) else None
+        called = fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", "")
+        made = fn is not None and called not in _NOT_STATE_CALLS
+        table = isinstance(value, (ast.Dict, ast.List, ast.Set, ast.DictComp, ast.ListComp,
+                                   ast.SetComp))
+        found += [(node.lineno, n) for n in names if not n.endswith("_PER_PROCESS")
+                  and n != "__all__" and (made or (table and n in changed))]
+    return found
+
+
+def test_module_level_state_is_per_process_by_name():
+    """A module-level mutable object is per process by its name (``_..._PER_PROCESS``, in
+    docs/layout.md's list with why), or it is not there."""
+    found = [f"{p.relative_to(PKG)}:{line} {name}" for p in sorted(PKG.rglob("*.py"))
+             if p.relative_to(PKG).as_posix() not in MODULE_STATE_ELSEWHERE
+             for line, name in _module_state(p.read_text())
+             if f"{p.relative_to(PKG).as_posix()}:{name}" not in NOT_STATE]
+    assert not found, f"{len(found)} module-level objects outside the rule:\n" + \
+        "\n".join(found)
+
+
+def test_the_module_state_finder_finds_it():
+    src = ("import threading\n_lock = threading.Lock()\n_TABLE = {1: 2}\n_seen = {}\n"
+           "_KEPT_PER_PROCESS = []\n_EMPTY = frozenset()\ndef f(k):\n    _seen[k] = 1\n"
+           "    return _TABLE[k]\n_log = []\n_log.append(1)\n")
+    assert _module_state(src) == [(2, "_lock"), (4, "_seen"), (10, "_log")]
+
+
 def _class_attributes_set(source: str) -> list[tuple[int, str]]:
     """(line, ``Class.attr``) for each assignment to an attribute of a class the module
-    defines at its top level: the class used as a namespace of mutable state."""
+    defines at its top level, and each mutable container in a class's body (shared by its
+    instances): the class used as a namespace of mutable state."""
     tree = ast.parse(source)
     classes = {n.name for n in tree.body if isinstance(n, ast.ClassDef)}
     found = []
+    for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+        for node in cls.body:
+            value = node.value if isinstance(node, (ast.Assign, ast.AnnAssign)) else None
+            fn = value.func if isinstance(value, ast.Call) else None
+            called = fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", "")
+            if isinstance(value, (ast.Dict, ast.List, ast.Set)) or called in _CONTAINERS:
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                found += [(node.lineno, f"{cls.name}.{t.id}") for t in targets
+                          if isinstance(t, ast.Name)]
     for node in ast.walk(tree):
         targets = node.targets if isinstance(node, ast.Assign) else \
             [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
@@ -316,13 +425,8 @@ def _class_attributes_set(source: str) -> list[tuple[int, str]]:
     return found
 
 
-#: Class attributes set on purpose, and why.
-CLASS_STATE_ALLOWED = {
-    "Cluster.latest": "the process's current world (nbdist.current()), swapped whole",
-    "Cluster.last_spec": "what the last start asked for (%dist_restart repeats it)",
-    "ChannelStream._flusher": "one flusher thread per process for every stream",
-    "_Pinned.done": "threading.local's class attribute: the default every new thread reads",
-}
+#: Class attributes set on purpose, and why: none (state lives in objects of a scope).
+CLASS_STATE_ALLOWED: dict[str, str] = {}
 
 
 def test_no_class_is_used_as_a_namespace_of_mutable_state():
@@ -339,6 +443,8 @@ def test_the_class_state_finder_finds_it():
                                  "    _S.y += 2\n    a, _S.z = 1, 2\n") == \
         [(4, "_S.x"), (5, "_S.y"), (6, "_S.z")]
     assert _class_attributes_set("class _S:\n    x = 0\n_s = _S()\n_s.x = 1\n") == []
+    assert _class_attributes_set("class _S:\n    a: dict = {}\n    b = weakref.WeakSet()\n"
+                                 "    c = frozenset()\n") == [(2, "_S.a"), (3, "_S.b")]
 
 
 # -- the architecture page --------------------------------------------------------------------

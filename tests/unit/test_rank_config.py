@@ -13,7 +13,7 @@ from nbdist.control import protocol
 from nbdist.groups import torchrun_env
 from nbdist.hosts import join_agent as agent
 from nbdist.hosts.scheduler import NodeShare
-from nbdist.proc.rank_config import STARTED_WITH, RankConfig, world_group
+from nbdist.rank_config import STARTED_WITH, RankConfig, world_group
 from nbdist.spec import WorldSpec
 
 

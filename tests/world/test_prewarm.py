@@ -14,15 +14,15 @@ CHILD = r'''
 import json, sys, time
 from IPython.core.interactiveshell import InteractiveShell
 from traitlets.config import Config
-from nbdist.cluster.session import SESSION
+from nbdist.cluster.session import session
 cfg = Config()
 cfg.HistoryManager.hist_file = ":memory:"
 shell = InteractiveShell.instance(config=cfg)
 t0 = time.perf_counter()
 shell.run_line_magic("load_ext", "nbdist")
 returned = time.perf_counter() - t0
-pid = SESSION.template_pid()
-ready = SESSION.template is not None and SESSION.template._ready.is_set()
+pid = session().template_pid()
+ready = session().template is not None and session().template._ready.is_set()
 out = {"returned_s": returned, "template_pid": pid, "template_ready_on_return": ready}
 if pid is not None and sys.argv[1] == "start":
     shell.run_line_magic("dist_start", "2")
@@ -64,15 +64,15 @@ def test_prewarm_off():
 ENV_CHILD = r'''
 import json, os, sys
 import nbdist
-from nbdist.cluster.session import SESSION
+from nbdist.cluster.session import session
 nbdist.start(1, quiet=True).stop()  # the template is warm, imported under the old values
-first = SESSION.template_pid()
+first = session().template_pid()
 CHECK = ("import os, logging\n(os.environ.get('TORCH_LOGS'), os.environ.get('NBDIST_TEST_PLAIN'),"
          " logging.getLogger('torch._dynamo').getEffectiveLevel())")
 os.environ["NBDIST_TEST_PLAIN"] = "plain"  # read when used: a fork sees it as it is
 c = nbdist.start(1)  # nothing changed that torch reads at import: the same template
 plain = c.run(CHECK, show=False)[1]
-same = SESSION.template_pid() == first
+same = session().template_pid() == first
 c.stop()
 os.environ["TORCH_LOGS"] = "dynamo"  # read at import torch, as `%env TORCH_LOGS=dynamo` does
 print("SAY", flush=True)
@@ -80,7 +80,7 @@ c = nbdist.start(1)
 logs = c.run(CHECK, show=False)[1]
 c.stop()
 print("RESULT " + json.dumps({"plain": plain, "same": same, "logs": logs,
-                              "rewarmed": SESSION.template_pid() != first}), flush=True)
+                              "rewarmed": session().template_pid() != first}), flush=True)
 '''
 
 
@@ -101,16 +101,16 @@ def test_import_sklearn_keeps_the_warm_template(world, monkeypatch):
     """``import sklearn`` sets ``KMP_DUPLICATE_LIB_OK`` and ``KMP_INIT_AT_FORK``, which torch's
     OpenMP does not read at import: the next restart still forks from the warm template
     (issue 27, 5d: it started a fresh one, 2.3 s instead of 0.2 s)."""
-    from nbdist.cluster.session import SESSION
+    from nbdist.cluster.session import session
 
     for name in ("KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK"):
         monkeypatch.delenv(name, raising=False)
     c = world(1)
-    first = SESSION.template_pid()
+    first = session().template_pid()
     import sklearn  # noqa: F401 - sets them, the first time this process imports it
 
     monkeypatch.setenv("KMP_DUPLICATE_LIB_OK", os.environ.get("KMP_DUPLICATE_LIB_OK", "True"))
     monkeypatch.setenv("KMP_INIT_AT_FORK", os.environ.get("KMP_INIT_AT_FORK", "FALSE"))
     c = c.restart(quiet=True)
-    assert SESSION.template_pid() == first
+    assert session().template_pid() == first
     assert c.run("1", show=False) == {1: "1"}

@@ -10,7 +10,9 @@ import time
 import pytest
 from conftest import listening
 
-from nbdist.cluster.session import SESSION as cl
+from nbdist.cluster.session import session
+
+cl = session()
 
 
 def test_only_loopback_listeners_and_private_files(world):

@@ -8,7 +8,7 @@ import re
 from conftest import WORLD_KINDS
 
 import nbdist.cluster.core as cl
-from nbdist.cluster.session import SESSION
+from nbdist.cluster.session import session
 from nbdist.cluster.status import TEMPLATE_RANK, StatusTable, collect_status
 
 
@@ -29,7 +29,7 @@ def test_dist_status_shows_every_rank_as_text_and_html(ipython, kind):
     for rank, name in ((1, "obs1"), (2, "obs2")):
         assert by_name[name][:4] == [str(rank), name, str(c.ranks[rank].pid), "alive"]
         assert float(by_name[name][5]) > 0  # memory MB
-    assert by_name["template"][:4] == ["-", "template", str(SESSION.template.pid),
+    assert by_name["template"][:4] == ["-", "template", str(session().template.pid),
                                        "warm template"]
     page = table._repr_html_()
     assert page.startswith("<table class='nbdist-status'>") and page.count("<tr") == 5
@@ -42,7 +42,7 @@ def test_dist_status_shows_every_rank_as_text_and_html(ipython, kind):
 
 def test_template_row_shows_the_warm_template(world):
     c = world(1)
-    pid = SESSION.template.pid
+    pid = session().template.pid
     table = collect_status(c, template_pid=pid)
     row = table.rows[-1]
     assert row["rank"] == TEMPLATE_RANK and row["name"] == "template" and row["pid"] == pid

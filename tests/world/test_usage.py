@@ -45,9 +45,9 @@ def test_size_beyond_machine_says_why(ipython):
 
 
 def test_no_world_errors(ipython, monkeypatch):
-    from nbdist.cluster.core import Cluster
+    from nbdist.cluster.session import session
 
-    monkeypatch.setattr(Cluster, "last_spec", None)  # as in a fresh kernel
+    monkeypatch.setattr(session(), "last_spec", None)  # as in a fresh kernel
     with pytest.raises(UsageError, match="no nbdist world is running"):
         ipython.run_cell_magic("dist", "", "1")
     with pytest.raises(UsageError, match="no nbdist world is running"):

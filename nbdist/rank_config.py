@@ -9,8 +9,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from ..devices import Setup
-from ..spec import WorldSpec
+from .devices import Setup
+from .spec import WorldSpec
 
 __all__ = ["STARTED_WITH", "RankConfig", "world_group"]
 
