@@ -28,6 +28,7 @@ from ..patches import rpc_hooks
 from ..spec import WorldSpec, parse_hosts, parse_ranks
 from ..telemetry import events
 from .cells import Cells
+from .frames import SentFrames
 from .heal import Healer
 from .rank_table import ClusterState, RankInfo
 from .session import SESSION
@@ -263,6 +264,12 @@ class Cluster:
     @property
     def startup_seconds(self) -> float:
         return self._world.startup_seconds
+
+    @property
+    def frames(self) -> SentFrames:
+        """Control frames this world's cells, interrupts, flushes and stops sent (a host's
+        ranks take one frame, through its join agent): ``frames.last_cell.frames``."""
+        return self.cells.frames
 
     def _start(self, quiet: bool, since: float) -> None:
         _refuse_a_second_world(self)
