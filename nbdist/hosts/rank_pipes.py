@@ -6,8 +6,9 @@ agent and that rank hold it, so there is nothing to authenticate). What the rank
 on their pipes (a relayed cell's output, displays and results) is batched for ``WINDOW``
 seconds into one ``Relayed`` frame, an ``Output`` several ranks sent alike once with all
 their ranks. A batch holding a result of a relayed cell waits, up to ``HOLD`` seconds, for
-the other ranks here to answer that cell too (an error goes at once), so a cell to 16 ranks
-of a host is answered by about one frame. Each rank's frames keep their order.
+the other ranks here to answer that cell too (an error goes after the window), and goes as
+soon as they all have, so a cell to 16 ranks of a host is answered by about one frame, with
+no window added to its time. Each rank's frames keep their order.
 """
 
 from __future__ import annotations
@@ -58,6 +59,9 @@ class RankPipes:
     # -- forking ------------------------------------------------------------------------------
     def before_fork(self) -> int:
         """A new pipe; returns the child's end's file descriptor."""
+        if self._forking is not None:  # the last fork failed: its pipe is not kept
+            for sock in self._forking:
+                sock.close()
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self._forking = (mine, theirs)
         return theirs.fileno()
@@ -151,7 +155,9 @@ class RankPipes:
         age = now - self._since
         if self._bytes >= BATCH_BYTES:
             return 0.0
-        if not self._urgent and any(e in self._waiting for e in self._cells):
+        if self._cells and not any(e in self._waiting for e in self._cells):
+            return 0.0  # every rank here answered: the cell is not kept waiting
+        if not self._urgent and self._cells:
             return max(HOLD - age, 0.0)
         return max(WINDOW - age, 0.0)
 

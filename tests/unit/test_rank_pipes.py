@@ -41,6 +41,12 @@ class Bed:
             self.pipes.flush(self.agent)
             time.sleep(0.002)
 
+    def take(self, rank: int) -> None:
+        """Read rank's next frame into the batch (waiting for it), sending nothing."""
+        pipe = self.pipes._chan[1000 + rank]
+        wait_until(lambda: pipe.poll(0), 2.0, f"rank {rank}'s frame on its pipe")
+        self.pipes.read(pipe.fileno())
+
     def _pipe(self, fd: int) -> Channel:
         return self.pipes._chan[self.pipes._by_fd[fd]]
 
@@ -79,18 +85,15 @@ def test_a_relayed_frame_reaches_each_rank_it_names(bed):
 
 def test_equal_lines_of_several_ranks_come_once_and_each_ranks_order_is_kept(bed):
     b = bed([2, 3, 4])
-    b.ranks[2].send(Output(2, "stdout", "A\n"))
-    b.pump(0.02)
-    b.ranks[3].send(Output(3, "stdout", "B\n"))
-    b.pump(0.02)
-    for r in (3, 4):
-        b.ranks[r].send(Output(r, "stdout", "A\n"))
-    b.pump(WINDOW * 4)
+    for r, text in ((2, "A\n"), (3, "B\n"), (3, "A\n"), (4, "A\n"), (2, "C\n")):
+        b.ranks[r].send(Output(r, "stdout", text))
+        b.take(r)  # in this order, whatever the machine's load
+    b.pipes.flush(b.agent, force=True)
     entries = [e for batch in b.batches() for e in batch]
     # rank 3's A cannot join rank 2's (its B came after: its own order is kept); rank 4's
     # joins the latest equal line
     assert [(ranks, m.text) for ranks, m in entries] == [((2,), "A\n"), ((3,), "B\n"),
-                                                          ((3, 4), "A\n")]
+                                                          ((3, 4), "A\n"), ((2,), "C\n")]
     assert entries[2][1].rank == 3  # the frame names the first of its ranks
 
 
@@ -101,6 +104,8 @@ def test_a_cells_results_wait_for_the_hosts_other_ranks(bed):
     b.pump(WINDOW * 3)
     assert b.batches() == []  # held for rank 3 (up to HOLD)
     b.ranks[3].send(Result(3, 9, "ok", "2"))
+    b.take(3)
+    assert b.pipes.due_in(time.monotonic()) == 0.0  # all answered: no window added
     b.pump(WINDOW * 3)
     batches = b.batches()
     assert len(batches) == 1
@@ -115,9 +120,9 @@ def test_an_error_is_not_held_and_a_silent_rank_is_waited_for_only_so_long(bed):
     assert [m.status for _, m in b.batches()[0]] == ["error"]
     b.ranks[3].send(Result(3, 5, "ok", "1"))
     t0 = time.monotonic()
-    wait_until(lambda: b.pump(0.01) or b.notebook.poll(0), HOLD * 4,
+    wait_until(lambda: b.pump(0.01) or b.notebook.poll(0), 10.0,
                "rank 3's result, sent although rank 4 never answers")
-    assert WINDOW < time.monotonic() - t0 < HOLD * 4
+    assert time.monotonic() - t0 > HOLD * 0.9  # held for rank 4, but not for ever
 
 
 def test_what_an_exited_rank_sent_last_goes_before_its_exit(bed):
