@@ -28,6 +28,7 @@ from ..output.router import Router, StatusLine
 from .frames import SentFrames
 from .hints import where_defined
 from .rank_table import RankInfo
+from .relayed_calls import RelayedCalls
 
 __all__ = ["Cells"]
 
@@ -62,6 +63,7 @@ class Cells:
         self.frames = SentFrames()
         # the world's: the join agent that relays to a rank (``HostAgent.relay``), or None
         self.agent_of: Callable[[RankInfo], Any] | None = None
+        self.calls = RelayedCalls(ranks, ids, self.send_all)  # views' calls through agents
         self._results: dict[int, dict[int, Result]] = {}
         self._finished: dict[int, dict[int, float]] = {}  # exec id -> rank -> when (monotonic)
         self._flushed: dict[int, set[int]] = {}

@@ -359,6 +359,8 @@ class World:
                     info.lost, info.exit_code = why, -signal.SIGKILL
                     lost.append(info.rank)
             self.cv.notify_all()
+        for rank in lost:
+            self.cells.calls.died(rank)  # a relayed view call waits no longer
         return lost
 
     def on_exit(self, pid: int, code: int, host: str | None = None) -> None:
@@ -368,6 +370,7 @@ class World:
                 with self.cv:
                     info.exit_code = code
                     self.cv.notify_all()
+                self.cells.calls.died(info.rank)
                 if self.running:
                     self.router.flush(info.rank)
                     Router.write("stderr", f"nbdist: {info.label()} {info.reason()}\n")

@@ -526,4 +526,31 @@ class Relayed(Message):
     entries: tuple
 
 
-__all__ += ["Relay", "Relayed"]
+@_message
+class Call(Message):
+    """N→W: a view's call (``c[:].call``, ``push``, ``pull``) relayed to a host's ranks:
+    ``payload`` is ``(fn, args, kwargs)`` pickled once with nbdist's shipping rules; the rank
+    runs it as an RPC to itself (so it is interrupted, flushed and pickled as any RPC function
+    is), within ``timeout`` seconds, and answers ``Returned``."""
+
+    TAG: ClassVar[str] = "call"
+    call_id: int
+    payload: bytes
+    timeout: float
+
+
+@_message
+class Returned(Message):
+    """W→N: a ``Call``'s end: ``status`` "ok" (``payload``: the value, pickled) or "error"
+    (``error_type`` and ``error``: torch's text of the rank's exception, its traceback in)."""
+
+    TAG: ClassVar[str] = "returned"
+    rank: int
+    call_id: int
+    status: str
+    payload: bytes = b""
+    error_type: str = ""
+    error: str = ""
+
+
+__all__ += ["Call", "Relay", "Relayed", "Returned"]

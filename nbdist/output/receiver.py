@@ -36,6 +36,7 @@ from ..control.protocol import (
     Ready,
     Relayed,
     Result,
+    Returned,
     decode,
 )
 from ..debugging.prompts import DebugDesk
@@ -233,6 +234,8 @@ class Receiver:
             self.cells.deliver(msg)
         elif isinstance(msg, Flushed):
             self.cells.flushed(info.rank, msg.token)
+        elif isinstance(msg, Returned):  # a relayed view call's answer
+            self.cells.calls.returned(msg)
         elif isinstance(msg, Ready):
             with self.cv:
                 info.ready = True

@@ -25,6 +25,7 @@ from typing import Any
 from ..comms import channel_comm as comms
 from ..control.channel import Channel, ChannelBlocked, ChannelClosed, connect
 from ..control.protocol import (
+    Call,
     CommClose,
     CommMsg,
     Debug,
@@ -41,6 +42,7 @@ from ..control.protocol import (
     Ready,
     Rejoin,
     Result,
+    Returned,
     Stop,
 )
 from ..debugging.remote_pdb import Debugger
@@ -443,6 +445,9 @@ class Worker:
                 threading.Thread(target=self._make_sure_interrupted, args=(self.cancelled,),
                                  daemon=True, name="nbdist-interrupt-check").start()  # <= 1.5 s
                 self._drop_queued_output()
+            elif isinstance(msg, Call):  # a view's call, relayed: beside any cell, as RPCs run
+                threading.Thread(target=self._call, args=(msg,), name="nbdist-view-call",
+                                 daemon=True).start()
             elif isinstance(msg, (CommMsg, CommClose)):  # from a widget's view in the frontend
                 comms.deliver(msg)
             elif isinstance(msg, Rejoin):
@@ -454,6 +459,30 @@ class Worker:
                 self._flush_all()
                 self._close_channels()
                 os._exit(0)
+
+    def _call(self, msg: Call) -> None:
+        """A view's call that came through the agent: run as an RPC to this rank itself, so
+        interrupts, output and pickling are an RPC function's; the answer goes on the control
+        channel, after what the call printed (``after_call`` flushed it)."""
+        import pickle
+
+        import torch.distributed.rpc as rpc
+
+        from ..shipping.pickler import dumps
+
+        try:
+            fn, args, kwargs = pickle.loads(msg.payload)
+            value = rpc.rpc_sync(self.cfg.name, fn, args=args, kwargs=kwargs,
+                                 timeout=msg.timeout)
+            reply = Returned(self.rank, msg.call_id, "ok", dumps(value))
+        except BaseException as exc:  # noqa: BLE001 - the caller's to see, as over RPC
+            reply = Returned(self.rank, msg.call_id, "error", b"", type(exc).__name__,
+                             safe_str(exc))
+        assert self.channel is not None
+        try:
+            self.channel.send(reply)
+        except OSError:
+            pass  # the notebook is gone
 
     def _drop_queued_output(self) -> None:
         """After Ctrl-C, output still queued here is not worth the wait: drop it, say how much."""

@@ -1,7 +1,8 @@
-"""Issue 52: the notebook's cost grows with hosts, not ranks. A cell, an interrupt, a flush and
-a stop reach a host's ranks in one frame to its join agent (``hosts.rank_pipes``), which
-batches their answers back; a local rank keeps its own channel. Counted by ``c.frames`` on a
-bed of 4 fake hosts x 4 ranks (network namespaces, tests/fakehosts.py)."""
+"""Issue 52: the notebook's cost grows with hosts, not ranks. A cell, a view's call, push or
+pull, an interrupt, a flush and a stop reach a host's ranks in one frame to its join agent
+(``hosts.rank_pipes``), which batches a cell's answers back; a local rank keeps its own
+path. Counted by ``c.frames`` on a bed of 4 fake hosts x 4 ranks (network namespaces,
+tests/fakehosts.py)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,13 @@ import subprocess
 import time
 
 import pytest
+import torch
+import torch.distributed.rpc as rpc
 from conftest import wait_until
 from fakehosts import FakeHosts, can_make_namespaces
 
 import nbdist
-from nbdist.errors import DistCellError, DistTimeoutError
+from nbdist.errors import DistCallError, DistCellError, DistTimeoutError
 
 WHY = can_make_namespaces()
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(WHY is not None, reason=f"fake hosts: {WHY}")]
@@ -30,6 +33,34 @@ def _pids_in(fh: FakeHosts, host: str) -> list[int]:
 
 def _rank() -> int:
     return int(os.environ["NBDIST_RANK"])
+
+
+def _tensor(n: int):
+    return torch.full((n,), float(_rank()))
+
+
+def _odd_fails() -> int:
+    if _rank() % 2:
+        raise ValueError(f"odd {_rank()}")
+    return _rank()
+
+
+def _naps(n: int) -> int:
+    for _ in range(n):
+        time.sleep(0.05)
+    return n
+
+
+class _Box:
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+    def get(self) -> int:
+        return self.value
+
+
+def _open(rref) -> int:
+    return rref.rpc_sync().get()
 
 
 def _replies(c) -> int:
@@ -114,11 +145,60 @@ def test_an_interrupt_is_one_frame_per_host(bed):
     assert c.run("'ok'", ranks=REMOTE, timeout=30, show=False) == {r: "'ok'" for r in REMOTE}
 
 
-def test_views_still_reach_every_host(bed):
+def test_a_view_call_is_one_frame_per_host_with_real_values(bed):
     fh, c = bed
-    assert c[:].call(_rank) == {r: r for r in [1, *REMOTE]}
-    c[REMOTE].scatter("rows", list(range(32)))
+    before = c.frames.message("call")
+    assert c[:].call(_rank) == {r: r for r in [1, *REMOTE]}  # rank 1: an RPC, as ever
+    sent = c.frames.message("call")
+    assert (sent.frames - before.frames, sent.relayed - before.relayed) == (HOSTS, HOSTS)
+    got = c[REMOTE].call(_tensor, 3)
+    assert list(got) == REMOTE
+    for r in REMOTE:
+        assert torch.equal(got[r], torch.full((3,), float(r)))
+
+
+def test_push_pull_scatter_gather_across_hosts(bed):
+    fh, c = bed
+    before = c.frames.message("call").frames
+    c[REMOTE].push({"v": 5, "w": "x"})
+    assert c[REMOTE].pull(["v", "w"]) == {r: (5, "x") for r in REMOTE}
+    assert c.frames.message("call").frames - before == 2 * HOSTS
+    c[REMOTE].scatter("rows", list(range(32)))  # a share per rank: an RPC to each
     assert c[REMOTE].gather("rows") == list(range(32))
+
+
+def test_a_view_call_holding_an_rref_goes_as_an_rpc_to_each_rank(bed):
+    fh, c = bed
+    box = rpc.remote(c.names[1], _Box, args=(7,))  # an RRef pickles only inside an RPC
+    before = c.frames.message("call").frames
+    assert c[REMOTE[:4]].call(_open, box) == {r: 7 for r in REMOTE[:4]}
+    assert c.frames.message("call").frames == before
+
+
+def test_a_view_calls_errors_name_each_rank(bed):
+    fh, c = bed
+    odd = [r for r in REMOTE if r % 2]
+    with pytest.raises(DistCallError) as info:
+        c[REMOTE].call(_odd_fails)
+    failed = {f.rank: f for f in info.value.failures}
+    assert sorted(failed) == odd
+    for r in odd:
+        assert failed[r].etype == "ValueError" and failed[r].message == f"odd {r}"
+        assert "_odd_fails" in failed[r].traceback
+    assert info.value.results == {r: r for r in REMOTE if r not in odd}
+
+
+def test_a_view_call_past_its_timeout_is_interrupted_on_every_rank(bed):
+    fh, c = bed
+    view = c[REMOTE]
+    view.timeout = 2.0
+    t0 = time.monotonic()
+    with pytest.raises(DistCallError) as info:
+        view.call(_naps, 600)  # 30 s, had the interrupt not reached them
+    assert sorted(f.rank for f in info.value.failures) == REMOTE
+    assert {f.etype for f in info.value.failures} == {"DistTimeoutError"}
+    assert c[REMOTE].call(_rank) == {r: r for r in REMOTE}
+    assert time.monotonic() - t0 < 25
 
 
 def test_without_the_relay_each_rank_is_sent_to(bed, monkeypatch):
@@ -126,6 +206,9 @@ def test_without_the_relay_each_rank_is_sent_to(bed, monkeypatch):
     monkeypatch.setenv("NBDIST_RELAY", "0")
     assert c.run("rank", show=False) == {r: str(r) for r in [1, *REMOTE]}
     assert (c.frames.last_cell.frames, c.frames.last_cell.relayed) == (1 + len(REMOTE), 0)
+    before = c.frames.message("call").frames
+    assert c[REMOTE].call(_rank) == {r: r for r in REMOTE}  # an RPC to each
+    assert c.frames.message("call").frames == before
 
 
 def test_stop_is_one_frame_per_host_and_leaves_only_the_agents(bed):
