@@ -165,10 +165,9 @@ class CallFuture:
                     else:
                         self._failures[r] = _failure(r, name, exc)
             waiting = None
-        except KeyboardInterrupt:
-            for r, fut in self._futures.items():
-                if r != waiting and not fut.done():  # wait_future told ``waiting`` itself
-                    world.interrupted(r, fut)
+        except KeyboardInterrupt:  # wait_future told ``waiting`` itself
+            world.interrupted_all({r: fut for r, fut in self._futures.items()
+                                   if r != waiting and not fut.done()})
             raise
         for r in self._futures:
             world.replied(r)  # what the ranks printed shows before the caller goes on

@@ -399,6 +399,13 @@ class World:
             self.cells.interrupt([rank])
             self.followups.add(rank, fut)
 
+    def interrupted_all(self, futures: dict[int, Any]) -> None:
+        """Ctrl-C stopped the wait for these ranks' calls: ``interrupted`` for each, the
+        interrupts sent at once (one frame per host)."""
+        self.cells.interrupt(list(futures))
+        for rank, fut in futures.items():
+            self.followups.add(rank, fut)
+
     def replied(self, dest: Any) -> None:
         """An RPC to ``dest`` returned: show what it printed before the caller goes on."""
         rank = self.rank_of(dest)

@@ -7,7 +7,9 @@ tests/fakehosts.py)."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
+import threading
 import time
 
 import pytest
@@ -222,3 +224,34 @@ def test_stop_is_one_frame_per_host_and_leaves_only_the_agents(bed):
     nbdist.release_hosts()
     for h in fh.names:
         wait_until(lambda h=h: not _pids_in(fh, h), 10.0, f"host {h} to be empty")
+
+
+def test_ctrl_c_during_a_relayed_view_call_interrupts_every_rank_by_a_frame_per_host(bed,
+                                                                                      ctrl_c):
+    """In a world of its own (after the bed's stop): the interrupts that chase an RPC run in
+    a thread the world owns until it stops."""
+    fh, _ = bed
+    c = nbdist.start(0, hosts={fh.ns[h]: 2 for h in fh.names}, iface=fh.address,
+                     launcher=fh.launcher, quiet=True, start_timeout=240)
+    try:
+        ranks = list(range(1, 1 + 2 * HOSTS))
+        c.run("print('up')", show=False)
+        before = c.frames.message("interrupt")
+        timer = threading.Timer(1.5, lambda: signal.pthread_kill(threading.main_thread().ident,
+                                                                 signal.SIGINT))
+        timer.start()
+        t0 = time.monotonic()
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                c[:].call(_naps, 600)  # 30 s, had the interrupt not reached them
+        finally:
+            timer.cancel()
+        assert time.monotonic() - t0 < 10
+        sent = c.frames.message("interrupt")
+        # the rank waited on is told first, then the others at once: a frame per host, not
+        # per rank (the interrupts that chase an RPC not yet begun go to each rank, as ever)
+        assert HOSTS <= sent.relayed - before.relayed <= HOSTS + 1
+        assert c[:].call(_rank) == {r: r for r in ranks}  # none still asleep
+    finally:
+        c.stop()
+        nbdist.release_hosts()  # the agents this world started with it
