@@ -6,6 +6,7 @@ tests/fakehosts.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -63,6 +64,19 @@ class _Box:
 
 def _open(rref) -> int:
     return rref.rpc_sync().get()
+
+
+@contextlib.contextmanager
+def _ctrl_c_after(seconds: float):
+    """SIGINT to this process's main thread ``seconds`` into the block (the ``ctrl_c`` fixture
+    makes it a KeyboardInterrupt)."""
+    main = threading.main_thread().ident
+    timer = threading.Timer(seconds, signal.pthread_kill, (main, signal.SIGINT))
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
 
 
 def _replies(c) -> int:
@@ -237,15 +251,9 @@ def test_ctrl_c_during_a_relayed_view_call_interrupts_every_rank_by_a_frame_per_
         ranks = list(range(1, 1 + 2 * HOSTS))
         c.run("print('up')", show=False)
         before = c.frames.message("interrupt")
-        timer = threading.Timer(1.5, lambda: signal.pthread_kill(threading.main_thread().ident,
-                                                                 signal.SIGINT))
-        timer.start()
         t0 = time.monotonic()
-        try:
-            with pytest.raises(KeyboardInterrupt):
-                c[:].call(_naps, 600)  # 30 s, had the interrupt not reached them
-        finally:
-            timer.cancel()
+        with _ctrl_c_after(1.5), pytest.raises(KeyboardInterrupt):
+            c[:].call(_naps, 600)  # 30 s, had the interrupt not reached them
         assert time.monotonic() - t0 < 10
         sent = c.frames.message("interrupt")
         # the rank waited on is told first, then the others at once: a frame per host, not
