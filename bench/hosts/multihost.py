@@ -13,6 +13,9 @@ Measured in one run, the same world size (rank 0 + 4 workers) both ways:
 - **start, warm** (restart with everything running): local template / agents kept.
 - **rpc_sync round trip**, 16 B and 1 MB float32 tensors echoed, from rank 0 to a local
   worker and to a rank on another (fake) host; median, p10, p90 of ``--rounds`` calls.
+- **a trivial cell** on every rank of the host world, through the join agents' relay
+  (one frame per host) and with ``NBDIST_RELAY=0`` (one per rank): the frames and bytes the
+  notebook sent (``c.frames.last_cell``) and the median time of ``--rounds // 10`` cells.
 
 Writes ``bench/results/multihost.json`` and ``multihost.md``, naming the commit measured.
 ``--smoke``: one rank per host, a few calls, results to a temporary directory.
@@ -23,6 +26,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import platform
 import statistics
 import sys
@@ -61,6 +65,25 @@ def _rtt(dest: str, payload: Any, rounds: int) -> dict:
             "p90_ms": times[len(times) * 9 // 10]}
 
 
+def _cells(c: Any, rounds: int) -> dict:
+    """A trivial cell on every rank, relayed and not: frames, bytes, median time."""
+    found = {}
+    for label, relay in (("relay", "1"), ("direct", "0")):
+        os.environ["NBDIST_RELAY"] = relay
+        try:
+            times = []
+            for _ in range(max(rounds, 3)):
+                t0 = time.perf_counter()
+                c.run("1", show=False)
+                times.append((time.perf_counter() - t0) * 1e3)
+            sent = c.frames.last_cell
+            found[label] = {"frames": sent.frames, "bytes": sent.bytes,
+                            "median_ms": statistics.median(times)}
+        finally:
+            os.environ.pop("NBDIST_RELAY", None)
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=300)
@@ -96,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
             res["start_s"][label] = {"cold": cold, "warm": warm}
             for pname, payload in payloads.items():
                 res["rtt"][f"{label} {pname}"] = _rtt(c.names[1], payload, rounds)
+            if label == "hosts":
+                res["cell"] = _cells(c, rounds // 10)
             c.stop()
     finally:
         nbdist.stop()
@@ -113,6 +138,11 @@ def main(argv: list[str] | None = None) -> int:
     for label, r in res["rtt"].items():
         lines.append(f"| {label} | {r['median_ms']:.3f} | {r['p10_ms']:.3f} | "
                      f"{r['p90_ms']:.3f} |")
+    ranks = 2 * per_host
+    lines += ["", f"a trivial cell on the host world's {ranks} ranks (2 hosts), frames the "
+              "notebook sent:", "", "| path | frames | bytes | median ms |", "|---|---|---|---|"]
+    for label, r in res["cell"].items():
+        lines.append(f"| {label} | {r['frames']} | {r['bytes']} | {r['median_ms']:.1f} |")
     (out / "multihost.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

@@ -1,4 +1,8 @@
-"""Cells on workers: hand a cell out, collect results (never hanging), report, interrupt, flush."""
+"""Cells on workers: hand a cell out, collect results (never hanging), report, interrupt, flush.
+
+A cell, interrupt, flush or stop for ranks on another host goes to that host's join agent as
+one ``Relay`` frame (``hosts.rank_pipes`` hands it on to each rank), not one frame per rank;
+``frames`` counts what was sent (``cluster.frames``)."""
 
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ from typing import Any
 
 from ..comms.relay import CommRelay
 from ..control.channel import Channel
-from ..control.protocol import Exec, Flush, Interrupt, Message, Result
+from ..control.protocol import Exec, Flush, Interrupt, Message, Result, encode
 from ..debugging.prompts import DebugDesk
 from ..errors import (
     CellInterrupted,
@@ -24,7 +28,9 @@ from ..output.rich_output import RichOutput
 from ..output.router import Router, StatusLine
 from ..rank_info import RankInfo
 from ..rank_sets import SMALL, grouped, labels, named, rank_set
+from .frames import SentFrames
 from .hints import where_defined
+from .relayed_calls import RelayedCalls
 
 __all__ = ["Cells"]
 
@@ -58,6 +64,10 @@ class Cells:
         self.rich = RichOutput(ranks)  # workers' displays, figures, rich values
         self.comms = CommRelay(self.send)  # workers' widgets, relayed to the frontend
         self.last_failed: int | None = None  # the rank whose error was shown last
+        self.frames = SentFrames()
+        # the world's: the join agent that relays to a rank (``HostAgent.relay``), or None
+        self.agent_of: Callable[[RankInfo], Any] | None = None
+        self.calls = RelayedCalls(ranks, ids, self.send_all)  # views' calls through agents
         self._results: dict[int, dict[int, Result]] = {}
         self._finished: dict[int, dict[int, float]] = {}  # exec id -> rank -> when (monotonic)
         self._flushed: dict[int, set[int]] = {}
@@ -83,17 +93,41 @@ class Cells:
         """A fresh cell id or flush token."""
         return next(self._ids)
 
-    def send(self, rank: int, msg: Message) -> bool:
+    def send(self, rank: int, msg: Message, exec_id: int | None = None) -> bool:
         """Send ``msg`` to ``rank``; False when it is gone (nothing raised)."""
         info = self.ranks[rank]
         chan: Channel | None = info.channel
         if chan is None or not info.alive:
             return False
         try:
-            chan.send(msg)
+            nbytes = chan.send(msg)
         except OSError:
             return False
+        self.frames.add(msg.TAG, nbytes, relayed=False, exec_id=exec_id)
         return True
+
+    def send_all(self, targets: list[int], msg: Message, exec_id: int | None = None) -> list[int]:
+        """Send ``msg`` to each of ``targets``: a rank here directly, the ranks of another
+        host in one frame to its agent; returns the ranks it went to (the others are gone)."""
+        by_agent: dict[Any, list[int]] = {}
+        sent = []
+        for r in targets:
+            info = self.ranks[r]
+            agent = self.agent_of(info) if self.agent_of is not None else None
+            if agent is None:
+                if self.send(r, msg, exec_id):
+                    sent.append(r)
+            elif info.alive and info.channel is not None:
+                by_agent.setdefault(agent, []).append(r)
+        payload = encode(msg) if by_agent else b""
+        for agent, ranks in by_agent.items():
+            try:
+                nbytes = agent.relay(ranks, payload)
+            except OSError:
+                continue  # its host is lost: the ranks' deaths are told as ever
+            self.frames.add(msg.TAG, nbytes, relayed=True, exec_id=exec_id)
+            sent.extend(ranks)
+        return sent
 
     def send_cell(self, code: str, targets: list[int]) -> int:
         """Hand a cell to the targets without waiting; returns the id ``collect`` takes."""
@@ -108,15 +142,12 @@ class Cells:
             self._sent[exec_id] = {r: self.ranks[r] for r in targets}
             while len(self._sent) > SENT_KEPT:
                 self._sent.popitem(last=False)
-        msg = Exec(exec_id, code, f"<dist-cell-{exec_id}>")
-        for r in targets:
-            self.send(r, msg)
+        self.send_all(targets, Exec(exec_id, code, f"<dist-cell-{exec_id}>"), exec_id)
         return exec_id
 
     def interrupt(self, targets: list[int]) -> None:
         """KeyboardInterrupt in the cell and RPC functions running on these ranks."""
-        for r in targets:
-            self.send(r, Interrupt())
+        self.send_all(targets, Interrupt())
 
     def interrupt_rpc(self, rank: int) -> None:
         """KeyboardInterrupt in the RPC functions running on ``rank`` (not its cell)."""
@@ -307,7 +338,7 @@ class Cells:
     def flush(self, timeout: float) -> bool:
         """Wait until what live workers printed or logged so far has arrived here."""
         token = self.next_id()
-        targets = [r for r in self.ranks if r and self.send(r, Flush(token))]
+        targets = self.send_all([r for r in self.ranks if r], Flush(token))
         deadline = time.monotonic() + timeout
         with self.cv:
             try:

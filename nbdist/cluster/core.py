@@ -30,6 +30,7 @@ from ..rank_sets import SMALL, grouped, numbers, spans
 from ..spec import WorldSpec, parse_hosts, parse_ranks
 from ..telemetry import events
 from .cells import Cells
+from .frames import SentFrames
 from .heal import Healer
 from .lifecycle import ClusterState
 from .session import session
@@ -229,7 +230,8 @@ class Cluster:
         self.cells = Cells(self.ranks, cv, self._require_running, session().exec_ids)
         self._receiver = Receiver(self.ranks, self.router, self.cells.rich, self.cells.desk,
                                   self.cells.comms, cv, on_result=self.cells.deliver,
-                                  on_flushed=self.cells.flushed)
+                                  on_flushed=self.cells.flushed,
+                                  on_returned=self.cells.calls.returned)
         self._world = World(spec, self.names, self.ranks, cv, self.router, self.cells,
                             self._receiver, self.epoch, on_up=self._became_current,
                             on_down=self._stopped, on_death=self._died)
@@ -273,6 +275,12 @@ class Cluster:
     @property
     def startup_seconds(self) -> float:
         return self._world.startup_seconds
+
+    @property
+    def frames(self) -> SentFrames:
+        """Control frames this world's cells, interrupts, flushes and stops sent (a host's
+        ranks take one frame, through its join agent): ``frames.last_cell.frames``."""
+        return self.cells.frames
 
     def _start(self, quiet: bool, since: float) -> None:
         _refuse_a_second_world(self)

@@ -1,8 +1,10 @@
 """Views: worker ranks addressed as one (``c[:]``, ``c[1:3]``, ``c[[1, 3]]``, ``c["obs2"]``).
 
 A call through a view sends one RPC per rank at once (``rpc_async`` to each, then one wait
-for all) and returns ``{rank: value}`` of real objects: notebook functions and classes travel
-by value and large CPU tensors between local ranks over shared memory, as every RPC does here.
+for all; a call, push or pull reaches the ranks of another host in one frame to its join
+agent, each rank running it as an RPC to itself: ``relayed_calls``) and returns ``{rank:
+value}`` of real objects: notebook functions and classes travel by value and large CPU
+tensors between local ranks over shared memory, as every RPC does here.
 Rank 0, the notebook, is in no view: ``c[:]`` is every worker. A rank that raises or dies is
 reported with its traceback and name in one ``DistCallError`` once every rank has answered;
 the others' values are on its ``results``. Ctrl-C ends the wait and interrupts the call on
@@ -162,10 +164,9 @@ class CallFuture:
                     else:
                         self._failures[r] = _failure(r, name, exc)
             waiting = None
-        except KeyboardInterrupt:
-            for r, fut in self._futures.items():
-                if r != waiting and not fut.done():  # wait_future told ``waiting`` itself
-                    world.interrupted(r, fut)
+        except KeyboardInterrupt:  # wait_future told ``waiting`` itself
+            world.interrupted_all({r: fut for r, fut in self._futures.items()
+                                   if r != waiting and not fut.done()})
             raise
         for r in self._futures:
             world.replied(r)  # what the ranks printed shows before the caller goes on
@@ -249,7 +250,7 @@ class View:
     def call_async(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> CallFuture:
         """Start ``fn(*args, **kwargs)`` on every rank of the view; returns at once."""
         return self._send(f"{_fn_name(fn)} on {self._label()}",
-                          {r: (fn, args, kwargs) for r in self.ranks})
+                          {r: (fn, args, kwargs) for r in self.ranks}, same=True)
 
     def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> dict[int, Any]:
         """``fn(*args, **kwargs)`` on every rank of the view at once -> ``{rank: value}``."""
@@ -281,14 +282,16 @@ class View:
         bad = [k for k in values if not (isinstance(k, str) and k.isidentifier())]
         if bad:
             raise ValueError(f"push takes names of variables as keys, not {bad[0]!r}")
-        self._send(f"push to {self._label()}",
-                   {r: (assign, (dict(values),), {}) for r in self.ranks}).result()
+        pushed = (assign, (dict(values),), {})
+        self._send(f"push to {self._label()}", {r: pushed for r in self.ranks},
+                   same=True).result()
 
     def pull(self, names: str | Sequence[str]) -> dict[int, Any]:
         """``{rank: value}`` of a name in each rank's ``__main__`` (several names: tuples)."""
         wanted = names if isinstance(names, str) else tuple(names)
-        return self._send(f"pull from {self._label()}",
-                          {r: (read, (wanted,), {}) for r in self.ranks}).result()
+        pulled = (read, (wanted,), {})
+        return self._send(f"pull from {self._label()}", {r: pulled for r in self.ranks},
+                          same=True).result()
 
     def scatter(self, name: str, seq: Sequence[Any]) -> None:
         """Bind ``name`` on each rank to its contiguous share of ``seq``, in rank order."""
@@ -315,8 +318,10 @@ class View:
     def _label(self) -> str:
         return ", ".join(self.names) if len(self.names) <= SMALL else rank_set(self.names)
 
-    def _send(self, what: str, calls: dict[int, tuple]) -> CallFuture:
-        """One ``rpc_async`` per rank, all sent before any is waited for."""
+    def _send(self, what: str, calls: dict[int, tuple], same: bool = False) -> CallFuture:
+        """One ``rpc_async`` per rank, all sent before any is waited for; ``same`` (one call
+        for every rank): the ranks of another host get it in one frame through its agent
+        (``relayed_calls``)."""
         no_rpc.check("a view's call")
         world = self._world()
         world.state.require(ClusterState.RUNNING, doing="call through a view")
@@ -324,9 +329,19 @@ class View:
         from torch.distributed.rpc.constants import UNSET_RPC_TIMEOUT
 
         timeout = UNSET_RPC_TIMEOUT if self.timeout is None else self.timeout
+        seconds = world.spec.rpc_timeout if self.timeout is None else self.timeout
         futures: dict[int, Any] = {}
         failures: dict[int, RankFailure] = {}
+        relayed = self._relayed(world, calls) if same else []
+        payload = world.cells.calls.pickled(calls[relayed[0]]) if relayed else None
+        if payload is not None:
+            futures.update(world.cells.calls.send(relayed, payload, seconds))
+            for r in relayed:
+                self._load.begin(r)
+                futures[r].add_done_callback(lambda _f, r=r: self._load.end(r))
         for r, (fn, args, kwargs) in calls.items():
+            if r in futures:
+                continue
             info = world.ranks.get(r)
             if info is None:
                 raise ValueError(f"no rank {r} in this world: it has workers "
@@ -338,5 +353,13 @@ class View:
             self._load.begin(r)
             fut.add_done_callback(lambda _f, r=r: self._load.end(r))
             futures[r] = fut
-        return CallFuture(world, what, futures, failures,
-                          world.spec.rpc_timeout if self.timeout is None else self.timeout)
+        return CallFuture(world, what, dict(sorted(futures.items())), failures, seconds)
+
+    @staticmethod
+    def _relayed(world: World, calls: dict[int, tuple]) -> list[int]:
+        """The ranks of ``calls`` a join agent relays to (live ones on other hosts)."""
+        agent_of = world.cells.agent_of
+        if agent_of is None:
+            return []
+        return [r for r in calls if r in world.ranks and world.ranks[r].alive
+                and agent_of(world.ranks[r]) is not None]

@@ -25,6 +25,7 @@ from typing import Any
 from .. import devices
 from ..control.channel import Listener
 from ..control.protocol import Rejoin, Stop
+from ..envflag import switched_on
 from ..errors import DistTimeoutError, StartError, WorkerDiedError
 from ..groups import graveyard, torchrun_env
 from ..hosts import allocation, netif
@@ -76,6 +77,7 @@ class World:
         self.agents: dict[str, HostAgent] = {}  # host -> its join agent
         self.store: Any = None  # a host world's rendezvous StoreServer
         self.followups = FollowUps(cells.interrupt_rpc)
+        cells.agent_of = self._relay_of
         self.key = os.urandom(32)  # authenticates control connections and the store
         self.gpu: devices.Setup | None = None  # set by check()
         self.why_no_rpc = ""  # no_rpc.FLAG or BUILD in a world without RPC
@@ -297,6 +299,7 @@ class World:
         for agent in agents:
             agent.on_exit = functools.partial(self.on_exit, host=agent.host)
             agent.on_lost = self.on_host_lost
+            agent.on_relayed = self.receiver.relayed
             self.agents[agent.host] = agent
         try:
             start_agents(agents, session().agent_key, watch.deadline)
@@ -368,6 +371,8 @@ class World:
                     info.lost, info.exit_code = why, -signal.SIGKILL
                     lost.append(info.rank)
             self.cv.notify_all()
+        for rank in lost:
+            self.cells.calls.died(rank)  # a relayed view call waits no longer
         return lost
 
     def on_exit(self, pid: int, code: int, host: str | None = None) -> None:
@@ -377,6 +382,7 @@ class World:
                 with self.cv:
                     info.exit_code = code
                     self.cv.notify_all()
+                self.cells.calls.died(info.rank)
                 if self.running:
                     self.router.flush(info.rank)
                     Router.write("stderr", f"nbdist: {info.label()} {info.reason()}\n")
@@ -403,6 +409,13 @@ class World:
         rank = self.rank_of(dest)
         if rank:
             self.cells.interrupt([rank])
+            self.followups.add(rank, fut)
+
+    def interrupted_all(self, futures: dict[int, Any]) -> None:
+        """Ctrl-C stopped the wait for these ranks' calls: ``interrupted`` for each, the
+        interrupts sent at once (one frame per host)."""
+        self.cells.interrupt(list(futures))
+        for rank, fut in futures.items():
             self.followups.add(rank, fut)
 
     def replied(self, dest: Any) -> None:
@@ -480,12 +493,7 @@ class World:
         """Ask each worker of ``among`` to stop; SIGKILL (through its template or agent) at
         half the timeout."""
         workers = [i for i in among if i.alive]
-        for info in workers:
-            if info.channel is not None:
-                try:
-                    info.channel.send(Stop())
-                except OSError:
-                    pass
+        self.cells.send_all([i.rank for i in workers], Stop())
         deadline = time.monotonic() + timeout
         killed = False
         with self.cv:
@@ -505,6 +513,14 @@ class World:
                 if now > deadline:
                     break
                 self.cv.wait(0.02)
+
+    def _relay_of(self, info: RankInfo) -> HostAgent | None:
+        """The agent that relays to ``info``'s rank (``hosts.rank_pipes``), or None: a local
+        rank, a lost host, or ``NBDIST_RELAY=0`` (each remote rank sent to directly)."""
+        if info.host is None or not switched_on("NBDIST_RELAY"):
+            return None
+        agent = self.agents.get(info.host)
+        return agent if agent is not None and agent.alive() else None
 
     def _launcher_of(self, info: RankInfo) -> Launcher | None:
         """The template or agent that forked ``info``'s process (None if it is gone)."""

@@ -86,8 +86,9 @@ class Channel:
             self._writer.start()
 
     # -- sending ------------------------------------------------------------------------------
-    def send(self, msg: Message, block: float = 10.0, droppable: bool = False) -> None:
-        """Queue ``msg`` (encoded here, so errors surface in the caller); never cuts a frame.
+    def send(self, msg: Message, block: float = 10.0, droppable: bool = False) -> int:
+        """Queue ``msg`` (encoded here, so errors surface in the caller); never cuts a frame;
+        returns the payload's length in bytes.
 
         When ``QUEUE_LIMIT`` frames or ``QUEUE_BYTES`` bytes already wait, waits up to
         ``block`` seconds for room, then raises ``ChannelBlocked``. ``droppable`` frames
@@ -96,7 +97,7 @@ class Channel:
         payload = encode(msg)
         if self._writer is None:
             self._write_frame(payload)
-            return
+            return len(payload)
         if self._full():
             give_up = time.monotonic() + block
             while self._full():
@@ -112,9 +113,14 @@ class Channel:
         # one atomic step: an interrupt lands before or after, never inside
         self._queue.append((payload, droppable, next(self._seq)))
         self._poke()
+        return len(payload)
 
     def send_frame(self, payload: bytes) -> None:
-        """Queue an already-encoded frame payload as it is (tests of a peer's decoder)."""
+        """Queue an already-encoded frame payload as it is (a relayed frame; tests of a
+        peer's decoder); an unthreaded channel writes it at once."""
+        if self._writer is None:
+            self._write_frame(bytes(payload))
+            return
         with self._bytes_lock:
             self._queued_bytes += len(payload)
         self._queue.append((bytes(payload), False, next(self._seq)))
@@ -178,8 +184,12 @@ class Channel:
         ``DistTimeoutError``: nothing arrived within ``timeout``."""
         if timeout is not None and not self.poll(timeout):
             raise DistTimeoutError(f"no control message from {self.name} within {timeout:g}s")
+        return decode(self.recv_payload())
+
+    def recv_payload(self) -> bytes:
+        """The next frame's payload, not decoded (a relay passes it on as it came)."""
         n = frame_length(self._read_exact(HEADER.size, first=True))
-        return decode(self._read_exact(n))
+        return self._read_exact(n)
 
     def _read_exact(self, n: int, first: bool = False) -> bytes:
         buf = bytearray(n)

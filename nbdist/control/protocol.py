@@ -8,7 +8,7 @@ the reader reports it and goes on. A length over ``MAX_FRAME`` cannot be skipped
 is a ``FramingError``: the connection is closed.
 
 Directions: W→N worker to notebook, N→W notebook to worker, N→T and T→N the notebook and the
-warm template process.
+warm template process, N→A and A→N the notebook and a join agent on another host.
 """
 
 from __future__ import annotations
@@ -501,3 +501,56 @@ class CommClose(Message):
 
 
 __all__ += ["CommClose", "CommMsg", "CommOpen"]
+
+
+# ---- the relay: the notebook and the ranks of another host through that host's agent -------
+@_message
+class Relay(Message):
+    """N→A: hand ``payload`` (one encoded N→W frame: ``Exec``, ``Interrupt``, ``Stop``) to
+    each of ``ranks`` on the agent's host, as if the notebook had sent it to each: a cell to
+    16 ranks of a host is one frame from the notebook, not 16."""
+
+    TAG: ClassVar[str] = "relay"
+    ranks: tuple
+    payload: bytes
+
+
+@_message
+class Relayed(Message):
+    """A→N: what the agent's ranks sent it within one relay window, in the order they sent
+    it: ``entries``, ``((ranks, payload), ...)``, each payload one W→N frame as the rank
+    encoded it; an ``Output`` several ranks sent alike comes once, with all their ranks
+    (the frame names the first)."""
+
+    TAG: ClassVar[str] = "relayed"
+    entries: tuple
+
+
+@_message
+class Call(Message):
+    """N→W: a view's call (``c[:].call``, ``push``, ``pull``) relayed to a host's ranks:
+    ``payload`` is ``(fn, args, kwargs)`` pickled once with nbdist's shipping rules; the rank
+    runs it as an RPC to itself (so it is interrupted, flushed and pickled as any RPC function
+    is), within ``timeout`` seconds, and answers ``Returned``."""
+
+    TAG: ClassVar[str] = "call"
+    call_id: int
+    payload: bytes
+    timeout: float
+
+
+@_message
+class Returned(Message):
+    """W→N: a ``Call``'s end: ``status`` "ok" (``payload``: the value, pickled) or "error"
+    (``error_type`` and ``error``: torch's text of the rank's exception, its traceback in)."""
+
+    TAG: ClassVar[str] = "returned"
+    rank: int
+    call_id: int
+    status: str
+    payload: bytes = b""
+    error_type: str = ""
+    error: str = ""
+
+
+__all__ += ["Call", "Relay", "Relayed", "Returned"]

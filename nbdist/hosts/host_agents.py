@@ -7,7 +7,8 @@ opened back to the notebook.
 ``start_agents`` launches the agents that are not running, with one join listener bound to
 ``--iface`` that closes once they are all in. Heartbeats run both ways; a host silent for
 ``SILENCE`` seconds, or whose connection closes, is lost (``on_lost``); an agent whose
-notebook is silent for ``AGENT_SILENCE`` seconds ends its ranks and exits.
+notebook is silent for ``AGENT_SILENCE`` seconds ends its ranks and exits. ``relay`` sends
+one frame for many ranks of the host; what the agent relays back goes to ``on_relayed``.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..control.channel import Channel, HandshakeError, Listener
-from ..control.protocol import AgentReady, Heartbeat, ProtocolError
+from ..control.channel import Channel, ChannelClosed, HandshakeError, Listener
+from ..control.protocol import AgentReady, Heartbeat, ProtocolError, Relay, Relayed
 from ..errors import DistTimeoutError, StartError
 from ..rank_info import describe_exit
 from .launch import ForkClient
@@ -74,6 +75,9 @@ class HostAgent(ForkClient):
         self.info: AgentReady | None = None
         self.lost: str | None = None  # why the host was lost, once it was
         self.on_lost: Callable[[str, str], None] | None = None
+        # the world's receiver: what the agent relays from its ranks (``Relayed``)
+        self.on_relayed: Callable[[str, Relayed], None] | None = None
+        self.relayed_frames = 0  # ``Relayed`` frames had from the agent, for tests
         self.beat = Heartbeat()
         self.argv: list[str] = []
         self._stderr: list[str] = []
@@ -160,6 +164,10 @@ class HostAgent(ForkClient):
                     conn.send(Heartbeat())
                 except OSError:
                     pass
+            elif isinstance(msg, Relayed):
+                self.relayed_frames += 1
+                if self.on_relayed is not None:
+                    self.on_relayed(self.host, msg)
             else:
                 self._dispatch(msg)
 
@@ -176,6 +184,15 @@ class HostAgent(ForkClient):
     @property
     def pid(self) -> int | None:
         return self.info.pid if self.info is not None else None
+
+    def relay(self, ranks: list[int], payload: bytes) -> int:
+        """Hand ``payload`` (one encoded frame for a rank) to these ranks of the host, in
+        one frame to the agent; returns its size in bytes. ``ChannelClosed``: the host is
+        lost or its agent closed."""
+        conn = self.conn
+        if conn is None or not self.alive():
+            raise ChannelClosed(f"the agent on {self.host} is not connected")
+        return conn.send(Relay(tuple(ranks), payload))
 
     def close(self, timeout: float = 5.0) -> None:
         """Ask the agent to exit (it kills its ranks); end the launcher."""

@@ -4,10 +4,11 @@ A launcher (ssh, srun, ``ip netns exec``...) starts it on the host. It reads one
 from stdin — the notebook's join address, the session's secret and its host label — so the
 secret is never on a command line or in an environment. It connects to the notebook (both
 sides prove the secret before a byte is unpickled), pins torch's data plane to the interface
-it reached the notebook through, having imported torch once, and forks that host's ranks on request
-exactly as the local template does. It exits, SIGKILLing its ranks, when the notebook's
-connection closes, when the notebook has been silent for ``AGENT_SILENCE`` seconds (a link down),
-or on ``Exit``.
+it reached the notebook through, having imported torch once, and forks that host's ranks
+on request exactly as the local template does, each with a pipe to the agent through which
+the notebook's cells, interrupts and stops reach all of them in one frame (``hosts.rank_pipes``).
+It exits, SIGKILLing its ranks, when the notebook's connection closes, when the notebook has
+been silent for ``AGENT_SILENCE`` seconds (a link down), or on ``Exit``.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from ..proc.template import preload, serve
 from ..rank_config import RankConfig
 from . import netif
 from .host_agents import AGENT_SILENCE, HEARTBEAT
+from .rank_pipes import RankPipes
 
 __all__ = ["main"]
 _STDIN_WAIT = 60.0
@@ -94,6 +96,6 @@ def main() -> None:
     chan.send(AgentReady(request["host"], os.getpid(), socket.gethostname(), iface, address))
     try:
         serve(chan, prepare=lambda cfg: _adapt(cfg, iface), heartbeat=HEARTBEAT,
-              silence=AGENT_SILENCE)
+              silence=AGENT_SILENCE, relay=RankPipes())
     finally:
         os._exit(0)

@@ -1,5 +1,7 @@
 """The receiver: one thread reads every worker's control channel and routes each message.
 
+What ranks on another host send through their join agent (``Relayed``, read by the agent's
+own thread) is queued by ``relayed`` and handled here too, each frame as from its rank.
 Nothing a worker sends can stop it: a frame that does not decode is reported once per rank
 (naming it) and dropped; a broken stream closes that rank's channel only; an exception in a
 handler is reported and the loop goes on.
@@ -7,6 +9,7 @@ handler is reported and the loop goes on.
 
 from __future__ import annotations
 
+import collections
 import os
 import select
 import threading
@@ -31,7 +34,10 @@ from ..control.protocol import (
     Output,
     ProtocolError,
     Ready,
+    Relayed,
     Result,
+    Returned,
+    decode,
 )
 from ..debugging.prompts import DebugDesk
 from ..rank_info import RankInfo
@@ -55,21 +61,25 @@ def _readable(fd: int) -> bool:
 class Receiver:
     """Owns the receiving thread; ``stop`` ends it (with a deadline). A rank's results and
     flush answers go to the callbacks the world's cells give (``on_result(result)``,
-    ``on_flushed(rank, token)``), its widgets' messages to ``comms``."""
+    ``on_flushed(rank, token)``, a relayed view call's answer ``on_returned(returned)``),
+    its widgets' messages to ``comms``."""
 
     def __init__(self, ranks: dict[int, RankInfo], router: Router, rich: RichOutput,
                  desk: DebugDesk, comms: CommRelay, cv: threading.Condition, *,
                  on_result: Callable[[Result], None],
-                 on_flushed: Callable[[int, int], None]) -> None:
+                 on_flushed: Callable[[int, int], None],
+                 on_returned: Callable[[Returned], None]) -> None:
         self.ranks, self.router, self.cv = ranks, router, cv
         self.rich, self.desk, self.comms = rich, desk, comms
         self._on_result, self._on_flushed = on_result, on_flushed
+        self._on_returned = on_returned
         self._wake_r, self._wake_w = os.pipe()
         self._stopping = False
         self._reported: dict[int, float] = {}
         self._busy: int | None = None  # the rank whose message is being handled
         self._progress = threading.Condition()
         self.dropped: dict[int, int] = {}  # rank -> frames dropped, for tests and status
+        self._relayed: collections.deque[Relayed] = collections.deque()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="nbdist-receiver")
 
     def start(self) -> None:
@@ -97,6 +107,36 @@ class Receiver:
                 os.close(fd)
             except OSError:
                 pass
+
+    def relayed(self, host: str, msg: Relayed) -> None:
+        """A join agent's batch of its ranks' frames (from the agent's reader thread): handled
+        by the receiving thread, in order."""
+        self._relayed.append(msg)
+        self.poke()
+
+    def _take_relayed(self) -> None:
+        while self._relayed:
+            for ranks, payload in self._relayed.popleft().entries:
+                infos = [i for i in map(self.ranks.get, ranks) if i is not None]
+                if not infos:
+                    continue
+                try:
+                    msg = decode(payload)
+                except ProtocolError as exc:
+                    self.dropped[infos[0].rank] = self.dropped.get(infos[0].rank, 0) + 1
+                    self._report(infos[0], f"dropped a relayed control message: {exc}")
+                    continue
+                for info in infos:  # an equal line of several ranks: each rank's own
+                    self._busy = info.rank
+                    try:
+                        self._dispatch(info, msg)
+                    except Exception as exc:  # noqa: BLE001 - as for a frame of its own
+                        self._report(info, f"a relayed {msg.TAG!r} message could not be "
+                                           f"handled: {exc!r}")
+                    finally:
+                        self._busy = None
+            with self._progress:
+                self._progress.notify_all()
 
     def poke(self) -> None:
         """Make the loop look at the channel set again."""
@@ -128,6 +168,7 @@ class Receiver:
                         os.read(self._wake_r, 4096)
                     except OSError:
                         pass
+                    self._take_relayed()
                     continue
                 info = by_fd[fd]
                 if info.channel is not None:
@@ -202,6 +243,8 @@ class Receiver:
             self._on_result(msg)
         elif isinstance(msg, Flushed):
             self._on_flushed(info.rank, msg.token)
+        elif isinstance(msg, Returned):  # a relayed view call's answer
+            self._on_returned(msg)
         elif isinstance(msg, Ready):
             with self.cv:
                 info.ready = True

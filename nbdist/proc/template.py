@@ -10,12 +10,14 @@ children) for ``NBDIST_TEMPLATE_IDLE`` seconds (default 600).
 from __future__ import annotations
 
 import os
+import select
 import shutil
 import signal
 import socket
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 from ..control.channel import Channel
 from ..control.protocol import (
@@ -24,6 +26,7 @@ from ..control.protocol import (
     Heartbeat,
     Kill,
     ProtocolError,
+    Relay,
     Spawn,
     Spawned,
     TemplateReady,
@@ -77,12 +80,14 @@ def main(fd: int, runtime_dir: str) -> None:
 
 
 def serve(chan: Channel, prepare: Callable[[RankConfig], RankConfig] | None = None,
-          heartbeat: float | None = None, silence: float | None = None) -> None:
+          heartbeat: float | None = None, silence: float | None = None,
+          relay: Any = None) -> None:
     """Fork workers on ``Spawn``, signal them on ``Kill``, report each exit, until ``Exit``,
     the notebook's end closing, or ``NBDIST_TEMPLATE_IDLE`` seconds without workers; then
     SIGKILL every child. Shared with the join agent, which also passes ``prepare`` (adapt a
     config to this host), ``heartbeat`` (send one every so many seconds) and ``silence``
-    (a notebook quiet this long is gone)."""
+    (a notebook quiet this long is gone) and ``relay`` (a ``hosts.rank_pipes.RankPipes``: each
+    rank forked with a pipe to it, ``Relay`` frames handed on through them)."""
     children: dict[int, int] = {}
     gate = _Gate()
     sampler = Sampler()  # the ranks' CPU and memory, for heartbeats
@@ -91,7 +96,7 @@ def serve(chan: Channel, prepare: Callable[[RankConfig], RankConfig] | None = No
     try:
         while True:
             try:
-                msg = chan.recv() if chan.poll(0.05) else None
+                msg = chan.recv() if _wait(chan, relay) else None
             except ProtocolError:
                 continue  # a frame we cannot read: the next one may be fine
             except (EOFError, OSError):
@@ -104,10 +109,12 @@ def serve(chan: Channel, prepare: Callable[[RankConfig], RankConfig] | None = No
             if heartbeat is not None and now - last_beat >= heartbeat:
                 chan.send(_beat(children, sampler))
                 last_beat = now
-            if isinstance(msg, Spawn):
+            if isinstance(msg, Relay) and relay is not None:
+                relay.forward(msg)
+            elif isinstance(msg, Spawn):
                 config = prepare(msg.config) if prepare else msg.config
                 gate.open()
-                pid = _fork_worker(chan, config, gate)
+                pid = _fork_worker(chan, config, gate, relay)
                 children[pid] = config.rank
                 chan.send(Spawned(config.rank, pid))
                 if not chan.poll(0):  # no more Spawn waiting: the batch is forked
@@ -126,7 +133,11 @@ def serve(chan: Channel, prepare: Callable[[RankConfig], RankConfig] | None = No
                 if pid == 0:
                     break
                 children.pop(pid, None)
+                if relay is not None:
+                    relay.exited(pid, chan)  # what it sent last goes before its exit
                 chan.send(Exited(pid, os.waitstatus_to_exitcode(status)))
+            if relay is not None:
+                relay.flush(chan)
             if children:
                 idle_since = time.monotonic()
             elif time.monotonic() - idle_since > idle_limit:
@@ -192,19 +203,41 @@ class _Gate:
         self.read_fd = self.write_fd = None
 
 
-def _fork_worker(chan: Channel, config: RankConfig, gate: _Gate) -> int:
+def _wait(chan: Channel, relay: Any) -> bool:
+    """Wait (50 ms at most) for a frame from the notebook; meanwhile take the ranks' frames
+    into the relay's batch. True when the notebook's frame (or its end) is there."""
+    if relay is None:
+        return chan.poll(0.05)
+    due = relay.due_in(time.monotonic())
+    wait = 0.05 if due is None else min(0.05, due)
+    try:
+        ready = select.select([chan.fileno(), *relay.fds()], [], [], wait)[0]
+    except (OSError, ValueError):  # a pipe closed under us: look again
+        return False
+    for fd in ready:
+        if fd != chan.fileno():
+            relay.read(fd)
+    return chan.fileno() in ready
+
+
+def _fork_worker(chan: Channel, config: RankConfig, gate: _Gate, relay: Any = None) -> int:
     """Fork; the child becomes the worker and never returns here, whatever happens."""
+    relay_fd = relay.before_fork() if relay is not None else None
     pid = os.fork()
     if pid:
+        if relay is not None:
+            relay.forked(config.rank, pid)
         return pid
     try:
         gate.wait()
         chan.sock.close()
+        if relay is not None:
+            relay.in_child()
         if config.affinity:  # its share of the host's CPUs (hosts.join_agent)
             os.sched_setaffinity(0, config.affinity)
         from .worker import run_forked
 
-        run_forked(config)
+        run_forked(config, relay_fd)
     finally:
         os._exit(1)  # only reached if the worker's own exit failed
 

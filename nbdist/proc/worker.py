@@ -4,7 +4,9 @@ Start-up: die with the template, take the notebook's cwd/env/sys.path, connect t
 socket, capture output, take its GPU (if it has one), join the RPC world (and the process
 group, if asked), say ready.
 Then the main thread runs ``%%dist`` cells from a queue while a reader thread handles
-interrupts and stop requests at once, even while a cell runs.
+interrupts and stop requests at once, even while a cell runs. A rank on another host also
+reads its pipe to the join agent (``hosts.rank_pipes``): a cell that came that way sends its
+output, displays and result back the same way, for the agent to batch.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import ctypes
 import os
 import queue
 import signal
+import socket
 import sys
 import threading
 import time
@@ -20,8 +23,9 @@ import traceback
 from typing import Any
 
 from ..comms import channel_comm as comms
-from ..control.channel import Channel, ChannelBlocked, connect
+from ..control.channel import Channel, ChannelBlocked, ChannelClosed, connect
 from ..control.protocol import (
+    Call,
     CommClose,
     CommMsg,
     Debug,
@@ -38,6 +42,7 @@ from ..control.protocol import (
     Ready,
     Rejoin,
     Result,
+    Returned,
     Stop,
 )
 from ..debugging.remote_pdb import Debugger
@@ -101,10 +106,31 @@ def _in_event_hook(frame: Any) -> bool:
     return False
 
 
-def run_forked(cfg: RankConfig) -> None:
-    """Entry point in the freshly forked child; never returns."""
-    worker = _RANK_PER_PROCESS.worker = Worker(cfg)
+def run_forked(cfg: RankConfig, relay_fd: int | None = None) -> None:
+    """Entry point in the freshly forked child; never returns. ``relay_fd``: its end of the
+    pipe to the join agent that forked it (none from the local template)."""
+    worker = _RANK_PER_PROCESS.worker = Worker(cfg, relay_fd)
     worker.run()
+
+
+class _Sink:
+    """Where what a cell emits goes (output, displays, widgets, debugger prompts, results):
+    the control channel, or while a relayed cell runs the pipe to the agent, so that its
+    output and its result travel one path, in order."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        self.target: Channel | None = None  # the relay while a relayed cell runs
+
+    def send(self, msg: Any, block: float = 10.0, droppable: bool = False) -> int:
+        chan = self.target or self.worker.channel
+        if chan is None:
+            raise ChannelClosed("this rank has no control channel yet")
+        return chan.send(msg, block=block, droppable=droppable)
+
+    def drain(self, timeout: float = 5.0) -> bool:
+        chan = self.target or self.worker.channel
+        return chan.drain(timeout) if chan is not None else True
 
 
 class _MetricsOutbox:
@@ -135,10 +161,14 @@ class Worker:
     """This process's rank, for the process's life: its config (each ``Rejoin`` brings a new
     world's), control channel, output streams, debugger and the state of its cells."""
 
-    def __init__(self, cfg: RankConfig) -> None:
+    def __init__(self, cfg: RankConfig, relay_fd: int | None = None) -> None:
         self.cfg = cfg
         self.rank = cfg.rank
         self.channel: Channel | None = None
+        self.relay_fd = relay_fd
+        self.relay: Channel | None = None  # the pipe to the join agent (hosts.rank_pipes)
+        self.sink = _Sink(self)
+        self.relayed: set[int] = set()  # ids of the cells that came through the relay
         self.rejoining = threading.Lock()  # held while a rejoin thread leaves for the next world
         self.debugger: Debugger = None  # type: ignore[assignment] - set at start-up
         self.streams: list[ChannelStream] = []
@@ -168,10 +198,12 @@ class Worker:
             sys.modules["__main__"] = main
             self.channel = connect(cfg.socket, cfg.authkey, timeout=cfg.start_timeout)
             self.channel.send(Hello(self.rank, os.getpid()))
+            if self.relay_fd is not None:
+                self.relay = Channel(socket.socket(fileno=self.relay_fd), name="the agent")
             self._setup_output(cfg)
             self._setup_debugger(cfg)
-            shell.bind(self.channel.send, self.rank, cfg.name)
-            comms.install(self.channel.send, self.rank)  # widgets made here show in the notebook
+            shell.bind(self.sink.send, self.rank, cfg.name)
+            comms.install(self.sink.send, self.rank)  # widgets made here show in the notebook
             if os.environ.get("NBDIST_TEST_STALL_RANK") == str(self.rank):  # for the fault tests
                 time.sleep(3600)  # never joins: the notebook's start deadline must end this
             if os.environ.get("NBDIST_TEST_FAIL_RANK") == str(self.rank):  # for the fault tests
@@ -197,8 +229,7 @@ class Worker:
         finally:
             try:
                 self._flush_all()
-                if self.channel is not None:
-                    self.channel.close(timeout=2.0)
+                self._close_channels()
             finally:
                 os._exit(code)
 
@@ -226,11 +257,17 @@ class Worker:
                 return
             signal.pthread_kill(main, signal.SIGINT)
 
+    def _close_channels(self) -> None:
+        """Write what is queued on the pipe to the agent, then on the control channel."""
+        for chan in (self.relay, self.channel):
+            if chan is not None:
+                chan.close(timeout=2.0)
+
     def _setup_output(self, cfg: RankConfig) -> None:
         assert self.channel is not None
-        capture_fds(self.channel, self.rank)
-        out = ChannelStream(self.channel, self.rank, "stdout")
-        err = ChannelStream(self.channel, self.rank, "stderr")
+        capture_fds(self.sink, self.rank)
+        out = ChannelStream(self.sink, self.rank, "stdout")
+        err = ChannelStream(self.sink, self.rank, "stderr")
         self.streams[:] = [out, err]
         sys.stdout, sys.stderr = out, err  # type: ignore[assignment]
         import warnings
@@ -243,7 +280,7 @@ class Worker:
         import pdb
 
         assert self.channel is not None
-        self.debugger = Debugger(self.rank, cfg.name, self.channel.send)
+        self.debugger = Debugger(self.rank, cfg.name, self.sink.send)
         rpc_hooks.set_on_failure(self.debugger.remember)
         sys.breakpointhook = self.debugger.set_trace
         pdb.set_trace = lambda *a, **k: self.debugger.set_trace(sys._getframe(1))
@@ -263,7 +300,7 @@ class Worker:
             flush(self.outbox, self.rank)
             for s in self.streams:
                 s.flush()
-            chan.drain(1.0)
+            self.sink.drain(1.0)
 
     def _flush_all(self) -> None:
         """Queue everything printed or logged so far (the channel writes it in order)."""
@@ -331,20 +368,40 @@ class Worker:
         """Main-thread loop: run cells handed over by the reader thread until told to stop."""
         assert self.channel is not None
         cells: queue.Queue = queue.Queue()
-        threading.Thread(target=self._read_commands, args=(cells,), name="nbdist-commands",
-                         daemon=True).start()
+        threading.Thread(target=self._read_commands, args=(cells, self.channel),
+                         name="nbdist-commands", daemon=True).start()
+        if self.relay is not None:
+            threading.Thread(target=self._read_commands, args=(cells, self.relay),
+                             name="nbdist-relayed-commands", daemon=True).start()
         while True:
             item = cells.get()
             if item is None:
                 return
-            if isinstance(item, Debug):
-                result = self._post_mortem(item.exec_id)
-            else:
-                sys.last_value = None
-                result = self._run_cell(ns, item.code, item.filename, item.exec_id)
-                if result.status == "error" and sys.last_value is not None:
-                    self.debugger.remember(sys.last_value, sys.last_traceback)
-            self._flush_all()
+            relayed = isinstance(item, Exec) and item.exec_id in self.relayed
+            if relayed:
+                self.relayed.discard(item.exec_id)
+                self._flush_all()  # what was printed before goes the old way first
+                self.sink.target = self.relay
+            try:
+                if isinstance(item, Debug):
+                    result = self._post_mortem(item.exec_id)
+                else:
+                    sys.last_value = None
+                    result = self._run_cell(ns, item.code, item.filename, item.exec_id)
+                    if result.status == "error" and sys.last_value is not None:
+                        self.debugger.remember(sys.last_value, sys.last_traceback)
+                self._flush_all()
+                self._send_result(result)
+            finally:
+                self.sink.target = None
+
+    def _send_result(self, result: Result) -> None:
+        """The cell's result, after its output, on the path the cell came by."""
+        try:
+            self.sink.send(result)
+        except ChannelClosed:  # the agent is gone (it kills this rank): say it directly
+            assert self.channel is not None
+            self.sink.target = None
             self.channel.send(result)
 
     def _post_mortem(self, exec_id: int) -> Result:
@@ -356,20 +413,25 @@ class Worker:
                           f"{type(exc).__name__}: {safe_str(exc)}\n")
         return Result(self.rank, exec_id, "ok")
 
-    def _read_commands(self, cells: queue.Queue) -> None:
-        """Reader thread: cells go to the main thread; interrupts, flushes and stops act at once."""
+    def _read_commands(self, cells: queue.Queue, chan: Channel) -> None:
+        """Reader thread of ``chan`` (the control channel, or the pipe to the agent): cells
+        go to the main thread; interrupts, flushes and stops act at once."""
         assert self.channel is not None
         while True:
             try:
-                msg = self.channel.recv()
+                msg = chan.recv()
             except ProtocolError as exc:
                 self.channel.send(Output(self.rank, "stderr", f"nbdist: rank {self.rank} "
                                          f"dropped a control message it could not read: {exc}\n"))
                 continue
             except (EOFError, OSError):
+                if chan is self.relay:
+                    return  # the agent is gone: it ends this rank, or the notebook does
                 os._exit(1)  # the notebook is gone: nothing to serve
             if isinstance(msg, (Exec, Debug)):
                 if isinstance(msg, Exec):
+                    if chan is self.relay:
+                        self.relayed.add(msg.exec_id)
                     self.queued = msg.exec_id
                 cells.put(msg)
             elif isinstance(msg, DebugInput):
@@ -383,28 +445,57 @@ class Worker:
                 threading.Thread(target=self._make_sure_interrupted, args=(self.cancelled,),
                                  daemon=True, name="nbdist-interrupt-check").start()  # <= 1.5 s
                 self._drop_queued_output()
+            elif isinstance(msg, Call):  # a view's call, relayed: beside any cell, as RPCs run
+                threading.Thread(target=self._call, args=(msg,), name="nbdist-view-call",
+                                 daemon=True).start()
             elif isinstance(msg, (CommMsg, CommClose)):  # from a widget's view in the frontend
                 comms.deliver(msg)
             elif isinstance(msg, Rejoin):
                 self._start_rejoin(msg.config)
             elif isinstance(msg, Flush):  # everything printed or logged so far goes before the ack
                 self._flush_all()
-                self.channel.send(Flushed(self.rank, msg.token))
+                self.sink.send(Flushed(self.rank, msg.token))  # the path the output took
             elif isinstance(msg, Stop):
                 self._flush_all()
-                self.channel.close(timeout=2.0)
+                self._close_channels()
                 os._exit(0)
+
+    def _call(self, msg: Call) -> None:
+        """A view's call that came through the agent: run as an RPC to this rank itself, so
+        interrupts, output and pickling are an RPC function's; the answer goes on the control
+        channel, after what the call printed (``after_call`` flushed it)."""
+        import pickle
+
+        import torch.distributed.rpc as rpc
+
+        from ..shipping.pickler import dumps
+
+        try:
+            fn, args, kwargs = pickle.loads(msg.payload)
+            value = rpc.rpc_sync(self.cfg.name, fn, args=args, kwargs=kwargs,
+                                 timeout=msg.timeout)
+            reply = Returned(self.rank, msg.call_id, "ok", dumps(value))
+        except BaseException as exc:  # noqa: BLE001 - the caller's to see, as over RPC
+            reply = Returned(self.rank, msg.call_id, "error", b"", type(exc).__name__,
+                             safe_str(exc))
+        assert self.channel is not None
+        try:
+            self.channel.send(reply)
+        except OSError:
+            pass  # the notebook is gone
 
     def _drop_queued_output(self) -> None:
         """After Ctrl-C, output still queued here is not worth the wait: drop it, say how much."""
-        assert self.channel is not None
-        before = self.channel.dropped_bytes
-        self.channel.drop_pending()
-        self.channel.drain(1.0)
-        lost = self.channel.dropped_bytes - before
+        chans = [c for c in (self.channel, self.relay) if c is not None]
+        before = sum(c.dropped_bytes for c in chans)
+        for chan in chans:
+            chan.drop_pending()
+        for chan in chans:
+            chan.drain(1.0)
+        lost = sum(c.dropped_bytes for c in chans) - before
         if lost:
-            self.channel.send(Output(self.rank, "stderr", f"nbdist: {lost / 1024:,.0f} KB of "
-                                     "output not shown after the interrupt\n"))
+            self.sink.send(Output(self.rank, "stderr", f"nbdist: {lost / 1024:,.0f} KB of "
+                                  "output not shown after the interrupt\n"))
 
     def _run_cell(self, ns: dict, code: str, filename: str, exec_id: int) -> Result:
         """Run a cell through the worker's IPython shell (magics, ``!``, rich displays); the

@@ -27,7 +27,8 @@ def test_results_and_flushes_reach_the_callbacks():
     receiver = Receiver(ranks, router, RichOutput(ranks), DebugDesk(ranks, lambda r, m: True),
                         CommRelay(lambda r, m: True), threading.Condition(),
                         on_result=results.append,
-                        on_flushed=lambda rank, token: flushed.append((rank, token)))
+                        on_flushed=lambda rank, token: flushed.append((rank, token)),
+                        on_returned=lambda returned: None)
     receiver.start()
     try:
         worker.send(Result(1, 7, "ok", "42"))
