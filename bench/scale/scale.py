@@ -120,20 +120,22 @@ def _plot(rows: list[dict], path: Path, commit: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    for who in dict.fromkeys(r["who"] for r in rows if "hosts" not in r["who"]):
+    for i, who in enumerate(dict.fromkeys(r["who"] for r in rows if "hosts" not in r["who"])):
+        color = f"C{i}"  # one colour per contender in both panels
         mine = [r for r in rows if r["who"] == who]
         ok = [r for r in mine if "start_s" in r]
-        left.plot([r["n"] for r in ok], [r["start_s"] for r in ok], "o-", label=who)
+        left.plot([r["n"] for r in ok], [r["start_s"] for r in ok], "o-", color=color,
+                  label=who)
         bad = [r for r in mine if "start_s" not in r]
         if bad:
             left.plot([r["n"] for r in bad], [1.0] * len(bad), "rx", markersize=10,
                       label=f"{who}: failed")
         mem = [r for r in ok if "rank0_mb_per_peer" in r]
         right.plot([r["n"] for r in mem], [r["rank0_mb_per_peer"] for r in mem], "o-",
-                   label=f"{who}: rank 0 per peer")
+                   color=color, label=f"{who}: rank 0 per peer")
         pss = [r for r in ok if r.get("worker_pss_mb")]
         right.plot([r["n"] for r in pss], [r["worker_pss_mb"]["median"] for r in pss], "s--",
-                   label=f"{who}: worker PSS")
+                   color=color, label=f"{who}: worker PSS")
     for ax, title, unit in ((left, "time to ready", "s"), (right, "memory", "MB")):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("ranks (N)")
