@@ -251,6 +251,7 @@ class World:
                     raise WorkerDiedError(info.rank, info.name, info.reason(),
                                           "asked to rejoin")
                 info.channel.send(Rejoin(cfg))
+        self._agents_starting(True)
         self._spawn_all(template, [c for c in configs if c.rank not in kept], watch)
         watch.accept_all(self.listener, {r for r in self.ranks if r and r not in kept})
         self.listener.close()  # every rank is in: nothing listens for the rest of the world
@@ -269,7 +270,13 @@ class World:
         if spec.rpc:
             watch.ping_all()
 
+    def _agents_starting(self, starting: bool) -> None:
+        """While ranks join, an agent starved of CPU for a few seconds is not a lost host."""
+        for agent in self.agents.values():
+            agent.starting = starting
+
     def _running(self, since: float) -> None:
+        self._agents_starting(False)
         self._move(ClusterState.RUNNING)
         self.startup_seconds = time.monotonic() - since
         torchrun_env.enter({**torchrun_env.variables(0, self.spec.placement()), **self.master})
@@ -445,6 +452,7 @@ class World:
         """Stop every worker, leave rank 0's RPC ready for a new world, free what was made."""
         if self.state in (ClusterState.STOPPING, ClusterState.STOPPED):
             return
+        self._agents_starting(False)
         with held_interrupts():  # half a teardown would leave workers running
             self._teardown(timeout)
 

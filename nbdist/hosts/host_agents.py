@@ -39,6 +39,10 @@ LAUNCHERS = {
 }
 HEARTBEAT = 1.0  # seconds between heartbeats, both ways
 SILENCE = 4.0  # an agent silent this long is lost (a host lost is noticed within 5 s)
+# ... while a world starts (``HostAgent.starting``): 8 hosts x 16 ranks joining on 2 cores
+# left an agent's heartbeat unanswered for over 4 s and lost a host that was fine. An agent
+# killed is noticed at once either way (its connection closes).
+START_SILENCE = 20.0
 # a notebook silent this long is gone, for its agents: longer, so a notebook whose Python
 # stalls for a few seconds (a long call holding the GIL) does not lose its remote ranks
 AGENT_SILENCE = 12.0
@@ -78,6 +82,7 @@ class HostAgent(ForkClient):
         # the world's receiver: what the agent relays from its ranks (``Relayed``)
         self.on_relayed: Callable[[str, Relayed], None] | None = None
         self.relayed_frames = 0  # ``Relayed`` frames had from the agent, for tests
+        self.starting = False  # a world is starting on it: silence is lost at START_SILENCE
         self.beat = Heartbeat()
         self.argv: list[str] = []
         self._stderr: list[str] = []
@@ -147,17 +152,22 @@ class HostAgent(ForkClient):
         self._reader.start()
 
     def _read_loop(self, conn: Channel, proc: subprocess.Popen) -> None:
+        heard = time.monotonic()
         while True:
             try:
                 msg = conn.recv(timeout=SILENCE)
             except ProtocolError:
                 continue
             except DistTimeoutError:
-                self._lose(f"no heartbeat for {SILENCE:g}s")
+                silent = time.monotonic() - heard
+                if self.starting and silent < START_SILENCE:
+                    continue
+                self._lose(f"no heartbeat for {silent:.0f}s")
                 return
             except (EOFError, OSError):
                 self._lose("its agent's connection closed")
                 return
+            heard = time.monotonic()
             if isinstance(msg, Heartbeat):
                 self.beat = msg
                 try:

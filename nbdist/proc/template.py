@@ -109,6 +109,8 @@ def serve(chan: Channel, prepare: Callable[[RankConfig], RankConfig] | None = No
             if heartbeat is not None and now - last_beat >= heartbeat:
                 chan.send(_beat(children, sampler))
                 last_beat = now
+            if not isinstance(msg, Spawn):
+                gate.release()  # whatever else came (a heartbeat, a relay) ends the batch
             if isinstance(msg, Relay) and relay is not None:
                 relay.forward(msg)
             elif isinstance(msg, Spawn):
