@@ -103,5 +103,10 @@ def _raised(error: dict) -> list[str]:
     """``"r1 NameError"`` for each rank a cell's error names."""
     if error["ename"] != "DistCellError":
         return [f"r0 {error['ename']}"]
-    found = re.findall(r"\[worker(\d+)\] (\w+):", error["evalue"])
-    return sorted({f"r{rank} {name}" for rank, name in found})
+    found = set()
+    # one per distinct error, led by the ranks that raised it: ``[worker1-3,5] NameError:``
+    for ranks, name in re.findall(r"\[worker([\d,\-]+)\] (\w+):", error["evalue"]):
+        for part in ranks.split(","):
+            lo, _, hi = part.partition("-")
+            found.update(f"r{rank} {name}" for rank in range(int(lo), int(hi or lo) + 1))
+    return sorted(found)
