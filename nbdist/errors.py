@@ -103,7 +103,10 @@ class RankFailure:
 
 def failure_groups(failures: list[RankFailure]) -> list[list[RankFailure]]:
     """``failures`` that are alike (``RankFailure.shape``) together, in the order each kind
-    first came."""
+    first came; up to ``SMALL`` of them each stays its own (a small world reads rank by
+    rank, as it always did)."""
+    if len(failures) <= SMALL:
+        return [[f] for f in failures]
     return [members for _, members in grouped(failures, RankFailure.shape)]
 
 

@@ -79,9 +79,7 @@ def test_short_block_names_the_line_and_the_library_call_below_it():
 
 
 def _interrupted() -> CellInterrupted:
-    """Ranks 1 and 2 stopped at the same line, rank 3 elsewhere, rank 4 not at all."""
-    return CellInterrupted([RankFailure(r, f"worker{r}", "KeyboardInterrupt", "",
-                                        IN_A_LIBRARY if r == 3 else IN_A_CELL)
+    return CellInterrupted([RankFailure(r, f"worker{r}", "KeyboardInterrupt", "", IN_A_CELL)
                             for r in (1, 2, 3)], ["rank 4 (worker4)"])
 
 
@@ -90,11 +88,11 @@ def test_cell_interrupted_shows_a_short_block_per_rank(monkeypatch):
     err = _interrupted()
     assert isinstance(err, KeyboardInterrupt) and not isinstance(err, Exception)
     lines = err._render_traceback_()
-    assert len(lines) == 6, lines  # (issue 52: ranks stopped alike share their block)
+    assert len(lines) == 8, lines
     assert lines[0].startswith("KeyboardInterrupt: the cell was interrupted on 4 ranks; "
                                "`%dist_debug 1`")
-    assert [ln.split(":")[0] for ln in lines[1::2]][:2] == ["ranks 1,2 (worker1,2)",
-                                                            "rank 3 (worker3)"]
+    assert [ln.split(":")[0] for ln in lines[1::2]][:3] == [f"rank {r} (worker{r})"
+                                                            for r in (1, 2, 3)]
     assert lines[-1].startswith("rank 4 (worker4): did not stop at once")
     assert not any("Traceback" in ln or NBDIST_DIR in ln for ln in lines)
 
@@ -106,5 +104,14 @@ def test_nbdist_traceback_full_shows_every_frame(monkeypatch):
     except CellInterrupted as exc:
         text = "\n".join(exc._render_traceback_())
     assert "test_tracebacks.py" in text  # the notebook's own frames
-    # and each kind's whole one (issue 52: ranks 1 and 2 stopped alike, one traceback)
-    assert text.count("Traceback (most recent call last):") == 3
+    assert text.count("Traceback (most recent call last):") == 4  # and each rank's whole one
+
+
+def test_past_sixteen_ranks_those_stopped_alike_share_one_block(monkeypatch):
+    monkeypatch.delenv("NBDIST_TRACEBACK", raising=False)
+    err = CellInterrupted([RankFailure(r, f"worker{r}", "KeyboardInterrupt", "",
+                                       IN_A_LIBRARY if r == 3 else IN_A_CELL)
+                           for r in range(1, 21)], [])
+    lines = err._render_traceback_()
+    heads = [ln.split(":")[0] for ln in lines[1::2]]
+    assert heads == ["ranks 1,2,4-20 (worker1,2,4-20)", "rank 3 (worker3)"], lines

@@ -42,22 +42,23 @@ def test_dist_cell_failure_names_ranks_and_keeps_others_output(ipython, capsys):
 
 
 def test_ranks_failing_alike_show_one_block_with_their_ranks(world):
-    """Issue 52: the same error on many ranks reads as one block led by their ranks, for a
-    cell and for a view's call; a rank failing otherwise keeps a block of its own."""
-    c = world(6)
+    """Issue 52: past 16 ranks the same error on many ranks reads as one block led by their
+    ranks, for a cell and for a view's call; a rank failing otherwise keeps a block of its
+    own (up to 16, every rank keeps its own block, as it always did)."""
+    c = world(19)
     with pytest.raises(DistCellError) as info:
         c.run("import os\nrank = int(os.environ['NBDIST_RANK'])\n"
               "if rank == 4:\n    raise KeyError('four')\n1 / 0", show=False)
     shown = info.value._render_traceback_()
     heads = sorted(line for line in shown if line.startswith("---"))
-    assert heads == ["--- rank 4 (worker4) ---", "--- ranks 1-3,5,6 (worker1-3,5,6) ---"]
+    assert heads == ["--- rank 4 (worker4) ---", "--- ranks 1-3,5-19 (worker1-3,5-19) ---"]
     assert sum(line.startswith("ZeroDivisionError") for line in shown) == 1, shown
-    assert "[worker1-3,5,6] ZeroDivisionError: division by zero" in str(info.value)
+    assert "[worker1-3,5-19] ZeroDivisionError: division by zero" in str(info.value)
 
     with pytest.raises(nbdist.DistCallError) as called:
         c[1:].call(_divide_by_zero)
     heads = [line for line in called.value._render_traceback_() if line.startswith("---")]
-    assert heads == ["--- ranks 1-6 (worker1-6) ---"], heads
+    assert heads == ["--- ranks 1-19 (worker1-19) ---"], heads
 
 
 def _divide_by_zero() -> float:
