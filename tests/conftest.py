@@ -2,6 +2,7 @@
 
 Helpers every test file uses (import them: ``from conftest import wait_until``):
 
+- ``expand_ranks(label)``: the ranks of a rank set (``worker1-4,7``).
 - ``wait_until(predicate, timeout, what)``: poll until ``predicate()`` is truthy; a timeout fails
   the test saying what it waited for. Deadlines mean "it hangs": ≥ 10× the expected time.
 - ``free_port()``, ``child_pids()``, ``wait_gone(pids)``, ``listening(pids)``.
@@ -70,6 +71,16 @@ def pytest_collection_modifyitems(config, items):
 # A test that holds in both kinds of world runs in each: ``@WORLD_KINDS`` gives it ``kind``,
 # "" or "--no-rpc", to append to `%dist_start`'s flags (``world(n, rpc=not kind)``).
 WORLD_KINDS = pytest.mark.parametrize("kind", ["", "--no-rpc"], ids=["rpc", "no-rpc"])
+
+
+def expand_ranks(label: str) -> list[int]:
+    """``worker1-4,7`` or ``1-4,7`` -> [1, 2, 3, 4, 7]: the ranks a rank set names (the form
+    ``nbdist.rank_sets`` writes for ``worker{rank}``)."""
+    ranks: list[int] = []
+    for part in label.removeprefix("worker").split(","):
+        lo, _, hi = part.partition("-")
+        ranks += range(int(lo), int(hi or lo) + 1)
+    return ranks
 
 
 def wait_until(predicate, timeout: float, what: str, interval: float = 0.02):

@@ -15,6 +15,7 @@ import re
 import time
 from pathlib import Path
 
+from conftest import expand_ranks
 from kernel_helpers import Kernel
 
 from .cases import FLAGS, Case
@@ -106,7 +107,5 @@ def _raised(error: dict) -> list[str]:
     found = set()
     # one per distinct error, led by the ranks that raised it: ``[worker1-3,5] NameError:``
     for ranks, name in re.findall(r"\[worker([\d,\-]+)\] (\w+):", error["evalue"]):
-        for part in ranks.split(","):
-            lo, _, hi = part.partition("-")
-            found.update(f"r{rank} {name}" for rank in range(int(lo), int(hi or lo) + 1))
+        found.update(f"r{rank} {name}" for rank in expand_ranks(ranks))
     return sorted(found)

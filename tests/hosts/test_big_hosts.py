@@ -12,7 +12,7 @@ import subprocess
 import time
 
 import pytest
-from conftest import wait_until
+from conftest import expand_ranks, wait_until
 from fakehosts import FakeHosts, can_make_namespaces
 
 import nbdist
@@ -31,12 +31,7 @@ def _pids_in(fh: FakeHosts, host: str) -> list[int]:
 
 def _ranks_led(line: str) -> list[int]:
     """The ranks of an aggregated line's lead: ``[worker17-48,81-96] ...`` -> 17..48, 81..96."""
-    lead = line[line.index("[") + 1:line.index("]")].removeprefix("worker")
-    ranks: list[int] = []
-    for part in lead.split(","):
-        lo, _, hi = part.partition("-")
-        ranks.extend(range(int(lo), int(hi or lo) + 1))
-    return ranks
+    return expand_ranks(line[line.index("[") + 1:line.index("]")])
 
 
 def _netns(pid: int) -> str:

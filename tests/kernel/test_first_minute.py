@@ -19,6 +19,7 @@ import sys
 import time
 
 import pytest
+from conftest import expand_ranks
 from kernel_helpers import Kernel, kernel_with_world
 
 pytestmark = pytest.mark.kernel
@@ -167,17 +168,8 @@ def _ranks_at_the_users_line(lines: list[str]) -> set[int]:
     for i, line in enumerate(lines):
         m = re.match(r"ranks? ([\d,\-]+) \(", line)
         if m and i + 1 < len(lines) and "time.sleep(30)" in lines[i + 1]:
-            at.update(_expand(m.group(1)))
+            at.update(expand_ranks(m.group(1)))
     return at
-
-
-def _expand(ranks: str) -> list[int]:
-    """``"1-3,5"`` -> [1, 2, 3, 5]."""
-    out: list[int] = []
-    for part in ranks.split(","):
-        lo, _, hi = part.partition("-")
-        out.extend(range(int(lo), int(hi or lo) + 1))
-    return out
 
 
 def test_ctrl_c_shows_each_rank_at_the_users_line_and_is_idle_at_once(world4, monkeypatch):
@@ -209,7 +201,7 @@ def test_every_frame_on_request_and_pdb_where_the_rank_stopped(world4):
     # (ranks stopped at one line share one)
     assert "cells.py" in text and text.count("Traceback (most recent call last)") >= 2, text
     blocks = re.findall(r"^--- ranks? ([\d,\-]+) \(", text, re.M)
-    assert sorted(r for b in blocks for r in _expand(b)) == [1, 2, 3, 4], text
+    assert sorted(r for b in blocks for r in expand_ranks(b)) == [1, 2, 3, 4], text
     _, text = _interrupt_asleep(world4)
     assert "`%dist_debug 1` opens pdb where it stopped" in text
     out, prompts, status = world4.run_answering("%dist_debug 2", ["p slept_here + 1", "q"])

@@ -11,6 +11,7 @@ import time
 
 import pytest
 import torch.distributed.rpc as rpc
+from conftest import expand_ranks
 
 import nbdist
 from nbdist.output.router import AGGREGATE_WINDOW, Router
@@ -57,19 +58,10 @@ def _lines(shown: list) -> list[tuple[str, str]]:
     return result
 
 
-def _expand(label: str) -> list[int]:
-    """``worker1-4,7`` -> [1, 2, 3, 4, 7] (the form rank_set writes for worker{rank})."""
-    ranks = []
-    for part in label.removeprefix("worker").split(","):
-        lo, _, hi = part.partition("-")
-        ranks += list(range(int(lo), int(hi or lo) + 1))
-    return ranks
-
-
 def _per_rank(lines: list[tuple[str, str]]) -> dict[int, list[str]]:
     out: dict[int, list[str]] = {}
     for label, text in lines:
-        for r in _expand(label):
+        for r in expand_ranks(label):
             out.setdefault(r, []).append(text)
     return out
 
