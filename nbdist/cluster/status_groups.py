@@ -87,12 +87,14 @@ def outliers(rows: list[dict]) -> dict[int, str]:
 
 def group_rows(rows: list[dict], small: int = SMALL) -> list[Line]:
     """``rows`` as lines, host by host in the order of their first rank: first the odd
-    ones (one by one, or grouped by state past ``small`` of one state), then one line per
+    ones (one by one, or grouped by state past ``small`` of one state; rank 0 and the dead
+    or stopped before the alive that stand out), then one line per
     state of the alike ranks. The template's row, if any, comes last."""
     standing = outliers(rows)
     lines: list[Line] = []
     for _, of_host in grouped(sorted(rows, key=_order), lambda r: r.get("host") or ""):
-        odd = [r for r in of_host if not _worker(r) or r["rank"] in standing]
+        odd = sorted((r for r in of_host if not _worker(r) or r["rank"] in standing),
+                     key=lambda r: r["rank"] in standing)  # the dead before the busy
         alike = [r for r in of_host if _worker(r) and r["rank"] not in standing]
         for key, same in grouped(odd, lambda r: (r["state"], r["rank"] in standing)):
             if len(same) > small:

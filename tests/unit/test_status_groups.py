@@ -1,5 +1,6 @@
 """``%dist_status`` of a big world (``cluster.status_groups``), pure, on generated rows of
-256 ranks on two hosts: alike ranks share a line, the odd ones come first, one by one."""
+256 ranks on two hosts: alike ranks share a line, the odd ones come first, one by one,
+the not alive before the alive that stand out."""
 
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ def test_a_big_world_shows_a_line_per_host_and_state_odd_ones_first():
     assert [(line.ranks, line.state) for line in lines] == [
         ("0", "notebook"), ("17", "killed by SIGKILL"), ("40", "alive, cpu 98 %"),
         ("1-16,18-39,41-127", "alive"),
-        ("200", "alive, mem 4100 MB"), ("201", "starting"),
+        ("201", "starting"), ("200", "alive, mem 4100 MB"),  # the not alive first
         ("128-199,202-255", "alive"),
         ("-", "warm template")]
     assert lines[3].names == "worker1-16,18-39,41-127" and len(lines[3].rows) == 125
