@@ -30,9 +30,8 @@ from typing import Any
 import cloudpickle
 
 from .. import world_state
-from ..patches import torch_private
+from ..patches import rpc_calls, torch_private
 from ..patches.installed import first_time, forget, has
-from ..patches.replaced import replace, restore
 from ..shipping import fresh_locks, own_main, per_rank, unpicklable
 from ..shm import transport as shm
 from .code_filename import reduce_code
@@ -589,24 +588,19 @@ def _wrap_to_worker_info(orig: Callable) -> Callable:
     return _to_worker_info
 
 
-def _wrap_invoke(orig: Callable) -> Callable:
-    """Once a request went out, its destination holds the code it carried."""
+def _sent() -> None:
+    """A request went out (``rpc_calls`` calls this after each Python-UDF send): its
+    destination holds the code it carried."""
     tls = _SHIPPED_PER_PROCESS.tls
-
-    def invoke(dst: Any, pickled: bytes, tensors: Any, timeout: float, is_async: bool) -> Any:
-        res = orig(dst, pickled, tensors, timeout, is_async)
-        pending = tls.pending
-        if pending is not None:
-            tls.pending = None
-            dest, digests, values = pending
-            held = _held()
-            for d in digests:
-                held.add((dest, d))
-            for entries in values:
-                own_main.mark_sent(dest, entries)
-        return res
-
-    return invoke
+    pending = tls.pending
+    if pending is not None:
+        tls.pending = None
+        dest, digests, values = pending
+        held = _held()
+        for d in digests:
+            held.add((dest, d))
+        for entries in values:
+            own_main.mark_sent(dest, entries)
 
 
 def _explain_unpicklable(owner: Any, obj: Any, exc: Exception, dest: str | None = None
@@ -676,24 +670,19 @@ def install() -> None:
     if not torch_private.usable("shipping") or not first_time("shipping"):
         return
     import torch
-    from torch.distributed.rpc import api, internal
+    from torch.distributed.rpc import internal
 
     names = _TORCH_PER_PROCESS
     names.ScriptModule = torch.jit.ScriptModule
     names.PythonUDF = internal.PythonUDF
-    names.thread_tables = internal._thread_local_tensor_tables
+    names.thread_tables = rpc_calls.install_shipping(_serialize, _wrap_to_worker_info, _sent)
     shm.use_tables(names.thread_tables)
-    pickler = internal._internal_rpc_pickler
-    replace("shipping", pickler, "serialize", types.MethodType(_serialize, pickler))
-    replace("shipping", api, "_to_worker_info", _wrap_to_worker_info(api._to_worker_info))
-    for name in ("_invoke_rpc_python_udf", "_invoke_remote_python_udf"):
-        replace("shipping", api, name, _wrap_invoke(getattr(api, name)))
 
 
 def uninstall() -> list[str]:
     """torch's RPC pickles with its own pickler again; what stayed (another feature's wrapper
     on top: uninstall that first)."""
-    left = restore("shipping")
+    left = rpc_calls.uninstall_shipping()
     if not left:
         forget("shipping")
     return left

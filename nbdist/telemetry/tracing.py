@@ -24,9 +24,8 @@ from typing import Any
 
 from .. import world_state
 from ..envflag import switched_on
-from ..patches import torch_private
+from ..patches import rpc_calls, torch_private
 from ..patches.installed import SyncTiming, first_time, forget, has, hooks
-from ..patches.replaced import replace, restore
 from ..patches.thread_states import pin
 from ..table import html_table, human_bytes, text_table
 from . import records
@@ -285,18 +284,13 @@ def _take_call() -> Any:
     return call
 
 
-def _wrap_invoke_udf(orig: Any, remote: bool) -> Any:
-    def invoke(dst: Any, pickled: bytes, tensors: Any, timeout: float, is_async: bool) -> Any:
-        call = _take_call()
-        res = orig(dst, pickled, tensors, timeout, is_async)
-        if call is not None and _SWITCH_PER_PROCESS.on:
-            t0, func, args = call
-            fut = res._get_future() if remote else res
-            _watch(fut, dst.name, _func_name(func, args), t0,
-                   len(pickled) + _tensor_bytes(tensors))
-        return res
-
-    return invoke
+def _watch_udf(call: Any, dst: Any, pickled: bytes, tensors: Any, res: Any,
+               remote: bool) -> None:
+    """A Python call went out (``call``: what ``_take_call`` took before the send)."""
+    if _SWITCH_PER_PROCESS.on:
+        t0, func, args = call
+        fut = res._get_future() if remote else res
+        _watch(fut, dst.name, _func_name(func, args), t0, len(pickled) + _tensor_bytes(tensors))
 
 
 def _wrap_rpc_builtin(orig: Any) -> Any:
@@ -390,30 +384,17 @@ def install(rank: int, name: str) -> None:
         if not torch_private.usable("tracing") or not first_time("tracing"):
             return
         import torch
-        import torch.distributed.rpc as rpc
-        from torch._C._distributed_rpc import PyRRef
-        from torch.distributed.rpc import api, rref_proxy
 
         _TORCH_PER_PROCESS.Tensor = torch.Tensor
-        _TORCH_PER_PROCESS.proxy_funcs = (rref_proxy._local_invoke,
-                                          rref_proxy._local_invoke_async_execution)
-        wrappers = {(api, "PythonUDF"): _wrap_python_udf,
-                    (api, "_invoke_rpc_python_udf"): lambda f: _wrap_invoke_udf(f, False),
-                    (api, "_invoke_remote_python_udf"): lambda f: _wrap_invoke_udf(f, True),
-                    (api, "_invoke_rpc_builtin"): _wrap_rpc_builtin,
-                    (api, "_invoke_remote_builtin"): _wrap_remote_builtin,
-                    (api, "_invoke_rpc_torchscript"): _wrap_rpc_script,
-                    (api, "_invoke_remote_torchscript"): _wrap_remote_script,
-                    (PyRRef, "to_here"): _wrap_to_here}
-        for (owner, attr), wrap in wrappers.items():
-            replace("tracing", owner, attr, wrap(getattr(owner, attr)))
+        _TORCH_PER_PROCESS.proxy_funcs = rpc_calls.rref_proxy_functions()
+        wraps = {"python_udf": _wrap_python_udf, "rpc_builtin": _wrap_rpc_builtin,
+                 "remote_builtin": _wrap_remote_builtin, "rpc_script": _wrap_rpc_script,
+                 "remote_script": _wrap_remote_script, "to_here": _wrap_to_here}
         if has("rpc_hooks.caller"):  # its rpc_sync times the call: no second wrapper
             hooks().sync_timing = SyncTiming(_SWITCH_PER_PROCESS, _CALLS_PER_PROCESS.tls,
-                                           _sync_end)
-        else:
-            rpc_sync = _wrap_rpc_sync(api.rpc_sync)
-            for module in (api, rpc):
-                replace("tracing", module, "rpc_sync", rpc_sync)
+                                             _sync_end)
+        rpc_calls.install_tracing(wraps, rpc_calls.UdfTiming(_take_call, _watch_udf),
+                                  None if has("rpc_hooks.caller") else _wrap_rpc_sync)
 
 
 def uninstall() -> list[str]:
@@ -421,7 +402,7 @@ def uninstall() -> list[str]:
     wrapper on top: uninstall that first)."""
     install_lock = _CALLS_PER_PROCESS.install_lock
     with install_lock:
-        left = restore("tracing")
+        left = rpc_calls.uninstall_tracing()
         if not left:
             hooks().sync_timing = None
             forget("tracing")

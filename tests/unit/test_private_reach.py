@@ -130,10 +130,6 @@ def test_the_scan_finds_a_reach_of_each_kind():
 
 # -- replacing torch's and cloudpickle's attributes: only patches/ does it -----------------
 PATCHES = PACKAGE / "patches"
-# modules outside patches/ that still replace attributes (through patches.replaced): this
-# list only shrinks (issue 53 item 1: their wrappers move into patches/, merged with the
-# patches that wrap the same functions)
-STILL_REPLACING = {"shipping/pickler.py", "telemetry/tracing.py"}
 
 
 def assignments(tree: ast.AST) -> Iterator[tuple[str, int]]:
@@ -181,13 +177,12 @@ def test_nothing_outside_patches_assigns_to_torch_or_cloudpickle():
     assert not found, f"attributes of torch or cloudpickle replaced outside patches/: {found}"
 
 
-def test_only_the_listed_modules_outside_patches_replace_attributes():
+def test_no_module_outside_patches_replaces_attributes():
+    """Not even through ``patches.replaced``: the features outside patches/ hand their
+    wrappers to a patch module (``patches.rpc_calls`` for the pickler and tracing)."""
     replacing = {path.relative_to(PACKAGE).as_posix() for path in PACKAGE.rglob("*.py")
                  if PATCHES not in path.parents and _replacing(ast.parse(path.read_text()))}
-    assert replacing <= STILL_REPLACING, f"new modules replacing torch's attributes outside " \
-                                         f"patches/: {replacing - STILL_REPLACING}"
-    moved = STILL_REPLACING - replacing
-    assert not moved, f"moved into patches/: drop {moved} from STILL_REPLACING"
+    assert not replacing, f"modules replacing torch's attributes outside patches/: {replacing}"
 
 
 def test_the_assignment_scan_sees_each_kind():

@@ -56,9 +56,11 @@ for name, install, _ in features:
     out["each"][name] = changed(before)
 out["installed"] = changed(torch_own)
 out["one_layer"] = api.rpc_sync.__wrapped__ is torch_own["api"]["rpc_sync"]
+out["one_send_wrapper"] = [getattr(api, n).__wrapped__ is torch_own["api"][n]
+                           for n in ("_invoke_rpc_python_udf", "_invoke_remote_python_udf")]
 before = snapshot()
-out["refused"] = pickler.uninstall()  # tracing's _invoke_*_python_udf are on top of its own
-out["refused_changed"] = changed(before)  # ... so the shipping feature stays whole
+out["shipping_out"] = pickler.uninstall()  # out first: tracing still watches the sends
+out["shipping_out_changed"] = changed(before)
 out["left"] = {}
 for name, _, uninstall in reversed(features):
     out["left"][name] = uninstall()
@@ -88,9 +90,14 @@ def test_every_feature_uninstalls_to_torchs_and_cloudpickles_own_objects():
     assert out["one_layer"]  # ... and over torch's own: no wrapper between
     assert "rpc pickler.serialize" in out["each"]["shipping"]
     assert "PyRRef.to_here" in out["each"]["tracing"]
-    assert sorted(out["refused"]) == ["torch.distributed.rpc.api._invoke_remote_python_udf",
-                                      "torch.distributed.rpc.api._invoke_rpc_python_udf"]
-    assert out["refused_changed"] == []
+    # the Python-UDF sends are wrapped once, for shipping and tracing both, by the first
+    sends = ["api._invoke_remote_python_udf", "api._invoke_rpc_python_udf"]
+    assert set(sends) <= set(out["each"]["shipping"])
+    assert not set(sends) & set(out["each"]["tracing"])
+    assert out["one_send_wrapper"] == [True, True]
+    # shipping uninstalled before tracing: its own two back, the sends still wrapped
+    assert out["shipping_out"] == []
+    assert out["shipping_out_changed"] == ["api._to_worker_info", "rpc pickler.serialize"]
     assert out["left"] == {name: [] for name in out["each"]}
     assert out["after"] == [], "left replaced after every uninstall"
     assert out["again"]
