@@ -23,8 +23,8 @@ from ..errors import DistTimeoutError, StartError, WorkerDiedError
 from ..groups import torchrun_env
 from ..hosts.netif import Interface
 from ..output.router import Router, StatusLine
-from ..patches import gloo_timeout, quiet, rpc_hooks, rref_reset, tp_address
-from ..patches.torch_private import report_once, usable
+from ..patches import gloo_timeout, quiet, rpc_agent, rpc_hooks, rref_reset, tp_address
+from ..patches.torch_private import report_once
 from ..proc import membership
 from ..rank_config import RankConfig
 from ..rank_info import RankInfo, describe_exit
@@ -352,11 +352,8 @@ class Rank0(membership.Steps):
         return calls
 
     def after_rpc(self) -> None:
-        import torch.distributed.rpc as rpc
-
         self.rpc_up = True
-        if usable("rpc_timeout"):
-            rpc._set_rpc_timeout(self.cfg.rpc_timeout)
+        rpc_agent.set_default_timeout(self.cfg.rpc_timeout)
 
     def after_group(self) -> None:
         self.pg_up = True

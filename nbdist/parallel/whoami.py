@@ -12,6 +12,8 @@ import os
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+from ..patches import rpc_agent
+
 __all__ = [
     "WorldInfo",
     "default_worker_name_format",
@@ -92,22 +94,7 @@ class WorldInfo(NamedTuple):
 
 def _agent() -> Any:
     """The running RPC agent of this process, or None when no RPC world is up."""
-    try:
-        import torch.distributed.rpc as rpc
-    except ImportError:  # pragma: no cover - torch without distributed
-        return None
-    if not rpc.is_available():  # pragma: no cover
-        return None
-    from torch.distributed.rpc import api
-
-    from ..patches import torch_private
-
-    if not torch_private.usable("current_agent") or not api._is_current_rpc_agent_set():
-        return None
-    try:
-        return api._get_current_rpc_agent()
-    except RuntimeError:  # shut down between the two calls
-        return None
+    return rpc_agent.current()
 
 
 def rpc_live() -> bool:

@@ -250,7 +250,7 @@ PRIVATES: tuple[Private, ...] = (
     Private("process_group", "torch.distributed.distributed_c10d", "_world.group_count",
             _is(int)),
     # hidden_groups: torch's books on this process's groups, emptied while a spawned
-    # function runs and filled again after (spawn.hidden_groups)
+    # function runs and filled again after (patches.hidden_groups)
     *(Private("hidden_groups", _C10D, f"_world.{book}", _is(dict))
       for book in ("pg_names", "pg_group_ranks", "pg_backend_config", "pg_to_tag",
                    "tags_to_pg", "pg_coalesce_state")),

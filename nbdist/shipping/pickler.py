@@ -30,7 +30,7 @@ from typing import Any
 import cloudpickle
 
 from .. import world_state
-from ..patches import rpc_calls, torch_private
+from ..patches import cloudpickle_private, rpc_calls, torch_private
 from ..patches.installed import first_time, forget, has
 from ..shipping import fresh_locks, own_main, per_rank, unpicklable
 from ..shm import transport as shm
@@ -41,7 +41,7 @@ __all__ = ["CODE_WAIT", "dumps", "forget_peers", "install", "installed", "regist
 
 
 
-_find_submodules = cloudpickle.cloudpickle._find_imported_submodules
+_find_submodules = cloudpickle_private.find_imported_submodules
 
 
 def _cached_submodules(code: types.CodeType, deps: Any) -> list:
@@ -197,7 +197,7 @@ def _static_of(func: types.FunctionType) -> tuple[tuple, str, tuple]:
               func.__annotations__)
     _make_room()
     digest = f"{shipped.nonce[0]}.{next(shipped.nonce[1])}"  # next() is atomic: never shared
-    names = tuple(cloudpickle.cloudpickle._extract_code_globals(func.__code__))
+    names = tuple(cloudpickle_private.extract_code_globals(func.__code__))
     shipped.fns[id(func)] = (func, static, digest, names)
     shipped.by_digest[digest] = func
     return static, digest, names
@@ -212,7 +212,7 @@ def _make_room() -> None:
         _held().clear()  # a digest we forget may be given again: send its code again too
 
 
-_EMPTY = cloudpickle.cloudpickle._empty_cell_value
+_EMPTY = cloudpickle_private.EMPTY_CELL
 
 
 def _dynamic_state(func: types.FunctionType, names: tuple, dest: str | None) -> tuple:
@@ -229,7 +229,7 @@ def _dynamic_state(func: types.FunctionType, names: tuple, dest: str | None) -> 
         values = list(f_globals.values())
     closure = func.__closure__
     cells = None if closure is None else tuple(
-        cloudpickle.cloudpickle._get_cell_contents(c) for c in closure)
+        cloudpickle_private.get_cell_contents(c) for c in closure)
     if cells:
         values.extend(cells)
     subs = _cached_submodules(func.__code__, values) if values else None
@@ -288,7 +288,7 @@ def _build(digest: str, static: tuple, base_globals: dict | None) -> types.Funct
             return hit
         _make_room()
         shipped.fns[id(func)] = (func, static, digest, tuple(
-            cloudpickle.cloudpickle._extract_code_globals(code)))
+            cloudpickle_private.extract_code_globals(code)))
         shipped.by_digest[digest] = func
         shipped.copies.add(func)
     return func
@@ -352,9 +352,9 @@ def _make_known(digest: str, base_globals: dict | None) -> types.FunctionType:
     return _build(digest, static, base_globals)
 
 
-_cp_class_setstate = cloudpickle.cloudpickle._class_setstate
-_cp_skeleton_class = cloudpickle.cloudpickle._make_skeleton_class
-_cp_class_tracker = cloudpickle.cloudpickle._DYNAMIC_CLASS_TRACKER_BY_ID
+_cp_class_setstate = cloudpickle_private.class_setstate
+_cp_skeleton_class = cloudpickle_private.make_skeleton_class
+_cp_class_tracker = cloudpickle_private.DYNAMIC_CLASS_TRACKER_BY_ID
 
 
 def _make_class(key: str, qualname: str, *skeleton: Any) -> type:
@@ -480,7 +480,7 @@ def _by_reference(func: types.FunctionType) -> bool:
     hit = shipped.by_ref.get(id(func))
     if hit is not None and hit[0] is func:
         return hit[1]
-    verdict = cloudpickle.cloudpickle._should_pickle_by_reference(func)
+    verdict = cloudpickle_private.should_pickle_by_reference(func)
     _remember(func, verdict)
     return verdict
 
@@ -660,7 +660,7 @@ def _travels_by_value(obj: Any) -> bool:
     shipped = _SHIPPED_PER_PROCESS
     if isinstance(obj, types.FunctionType):
         return id(obj) not in shipped.by_name and not _by_reference(obj)
-    return not cloudpickle.cloudpickle._should_pickle_by_reference(obj)
+    return not cloudpickle_private.should_pickle_by_reference(obj)
 
 
 def install() -> None:

@@ -14,7 +14,7 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-import cloudpickle
+from ..patches import cloudpickle_private
 
 __all__ = ["Culprit", "find"]
 
@@ -40,7 +40,7 @@ class Culprit:
 
 def _function_parts(func: types.FunctionType) -> list[tuple[str, Any]]:
     g = func.__globals__
-    names = cloudpickle.cloudpickle._extract_code_globals(func.__code__)
+    names = cloudpickle_private.extract_code_globals(func.__code__)
     parts = [(n, g[n]) for n in names if n in g]
     for var, cell in zip(func.__code__.co_freevars, func.__closure__ or (), strict=False):
         try:

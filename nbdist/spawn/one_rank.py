@@ -5,7 +5,7 @@ The notebook pickles ``fn`` and ``args`` by the shipping rules into a two-line `
 ``fn(rank, *args)``. Rank 0 calls ``call`` directly.
 
 ``call`` gives ``fn`` what a spawned process has: no process group (the rank's are hidden by
-``spawn.hidden_groups``) and, in a world without RPC, leave to ``init_rpc`` anew. A rank lives on
+``patches.hidden_groups``) and, in a world without RPC, leave to ``init_rpc`` anew. A rank lives on
 after ``fn``, so ``call`` then ends what the process's exit would: its changes to the environment,
 an RPC agent it left (non-graceful), the default group it left (with ``destroy_process_group``, so
 the group is kept until freeing it is safe) and, when ``fn`` raised, its finished frames' locals.
@@ -20,9 +20,8 @@ import sys
 import traceback
 from collections.abc import Callable
 
-from ..patches import no_rpc, rpc_barrier, rpc_hooks, rpc_rerun, rref_reset
+from ..patches import hidden_groups, no_rpc, rpc_barrier, rpc_hooks, rpc_rerun, rref_reset
 from ..shipping import own_main, pickler as shipping
-from ..spawn import hidden_groups
 
 __all__ = ["PAYLOAD", "call", "cell", "run"]
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..patches import torch_private
+from . import torch_private
 
 __all__ = ["Hidden", "hide"]
 
