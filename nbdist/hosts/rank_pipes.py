@@ -5,10 +5,11 @@ frame inside, as it came, to each rank's pipe (a socketpair made before the fork
 agent and that rank hold it, so there is nothing to authenticate). What the ranks send back
 on their pipes (a relayed cell's output, displays and results) is batched for ``WINDOW``
 seconds into one ``Relayed`` frame, an ``Output`` several ranks sent alike once with all
-their ranks. A batch holding a result of a relayed cell waits, up to ``HOLD`` seconds, for
-the other ranks here to answer that cell too (an error goes after the window), and goes as
-soon as they all have, so a cell to 16 ranks of a host is answered by about one frame, with
-no window added to its time. Each rank's frames keep their order.
+their ranks. A batch holding an answer to a relayed cell (``Result``) or view call
+(``Returned``) waits, up to ``HOLD`` seconds, for the other ranks here to answer it too (an
+error goes after the window), and goes as soon as they all have, so a cell or a call to 16
+ranks of a host is answered by about one frame, with no window added to its time. Each
+rank's frames keep their order.
 """
 
 from __future__ import annotations
@@ -18,12 +19,23 @@ import socket
 import time
 
 from ..control.channel import Channel
-from ..control.protocol import Exec, Output, ProtocolError, Relay, Relayed, Result, decode
+from ..control.protocol import (
+    Call,
+    Exec,
+    Message,
+    Output,
+    ProtocolError,
+    Relay,
+    Relayed,
+    Result,
+    Returned,
+    decode,
+)
 
 __all__ = ["HOLD", "WINDOW", "RankPipes"]
 
 WINDOW = 0.03  # seconds a batch gathers before it goes (a rank's own output flushes as often)
-HOLD = 0.25  # at most this long for the other ranks of a cell whose result is in the batch
+HOLD = 0.25  # at most this long for the other ranks of a cell or call answered in the batch
 BATCH_BYTES = 4 << 20  # a batch this big goes at once
 WRITE_TIMEOUT = 5.0  # a rank that reads nothing for this long loses its pipe
 
@@ -52,8 +64,9 @@ class RankPipes:
         self._last: dict[int, int] = {}  # rank -> index of its last entry in the batch
         self._equal: dict[tuple, int] = {}  # (stream, text) -> index of the latest such entry
         self._urgent = False  # an error is in the batch: it goes after the window
-        self._cells: set[int] = set()  # exec ids with a result in the batch
-        self._waiting: dict[int, set[int]] = {}  # relayed exec id -> ranks yet to answer
+        self._answered_in: set[tuple] = set()  # cells and calls with an answer in the batch
+        self._waiting: dict[tuple, set[int]] = {}  # a relayed cell or call -> ranks yet to
+        # answer it (keys: ``_asked``'s)
         self.sent = 0  # ``Relayed`` frames sent, for tests
 
     # -- forking ------------------------------------------------------------------------------
@@ -96,8 +109,9 @@ class RankPipes:
         except ProtocolError:
             inner = None  # passed on all the same: each rank reports it
         ranks = [r for r in msg.ranks if self._pid.get(r) in self._chan]
-        if isinstance(inner, Exec) and ranks:
-            self._waiting[inner.exec_id] = set(ranks)
+        asked = _asked(inner)
+        if asked is not None and ranks:
+            self._waiting[asked] = set(ranks)
         for r in ranks:
             pid = self._pid[r]
             try:
@@ -136,17 +150,18 @@ class RankPipes:
         self._last[rank] = len(self._batch) - 1
         if key is not None:
             self._equal[key] = len(self._batch) - 1
-        if isinstance(msg, Result):
-            self._answered(msg.exec_id, rank)
-            self._cells.add(msg.exec_id)
-            self._urgent = self._urgent or msg.status != "ok"
+        answer = _answer(msg)
+        if answer is not None:
+            self._answered(answer, rank)
+            self._answered_in.add(answer)
+            self._urgent = self._urgent or msg.status != "ok"  # type: ignore[union-attr]
 
-    def _answered(self, exec_id: int, rank: int) -> None:
-        waiting = self._waiting.get(exec_id)
+    def _answered(self, asked: tuple, rank: int) -> None:
+        waiting = self._waiting.get(asked)
         if waiting is not None:
             waiting.discard(rank)
             if not waiting:
-                del self._waiting[exec_id]
+                del self._waiting[asked]
 
     def due_in(self, now: float) -> float | None:
         """Seconds until the batch is due (None: nothing is batched)."""
@@ -155,9 +170,9 @@ class RankPipes:
         age = now - self._since
         if self._bytes >= BATCH_BYTES:
             return 0.0
-        if self._cells and not any(e in self._waiting for e in self._cells):
-            return 0.0  # every rank here answered: the cell is not kept waiting
-        if not self._urgent and self._cells:
+        if self._answered_in and not any(a in self._waiting for a in self._answered_in):
+            return 0.0  # every rank here answered: the cell or call is not kept waiting
+        if not self._urgent and self._answered_in:
             return max(HOLD - age, 0.0)
         return max(WINDOW - age, 0.0)
 
@@ -170,7 +185,7 @@ class RankPipes:
         self._batch, self._bytes, self._urgent = [], 0, False
         self._last.clear()
         self._equal.clear()
-        self._cells.clear()
+        self._answered_in.clear()
         chan.send(Relayed(entries))
         self.sent += 1
 
@@ -192,6 +207,24 @@ class RankPipes:
         self._by_fd.pop(chan.fileno(), None)
         if rank is not None and self._pid.get(rank) == pid:
             del self._pid[rank]
-            for exec_id in list(self._waiting):
-                self._answered(exec_id, rank)  # it will not answer
+            for asked in list(self._waiting):
+                self._answered(asked, rank)  # it will not answer
         chan.sock.close()
+
+
+def _asked(msg: Message | None) -> tuple | None:
+    """What a relayed frame asks its ranks to answer: ``("cell", id)``, ``("call", id)``."""
+    if isinstance(msg, Exec):
+        return ("cell", msg.exec_id)
+    if isinstance(msg, Call):
+        return ("call", msg.call_id)
+    return None
+
+
+def _answer(msg: Message | None) -> tuple | None:
+    """What a rank's frame answers (``_asked``'s key), or None."""
+    if isinstance(msg, Result):
+        return ("cell", msg.exec_id)
+    if isinstance(msg, Returned):
+        return ("call", msg.call_id)
+    return None

@@ -162,13 +162,9 @@ class Receiver:
             except (OSError, ValueError):  # a channel closed under us: look again
                 time.sleep(0.01)
                 continue
+            woken = self._wake_r in ready
             for fd in ready:
                 if fd == self._wake_r:
-                    try:
-                        os.read(self._wake_r, 4096)
-                    except OSError:
-                        pass
-                    self._take_relayed()
                     continue
                 info = by_fd[fd]
                 if info.channel is not None:
@@ -182,6 +178,12 @@ class Receiver:
                         self._busy = None
                         with self._progress:
                             self._progress.notify_all()
+            if woken:  # after the ranks' own frames: what a relayed answer's call printed
+                try:  # on its control channel goes first
+                    os.read(self._wake_r, 4096)
+                except OSError:
+                    pass
+                self._take_relayed()
             now = time.monotonic()
             if now >= next_tick:
                 next_tick = now + TICK

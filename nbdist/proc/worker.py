@@ -462,8 +462,9 @@ class Worker:
 
     def _call(self, msg: Call) -> None:
         """A view's call that came through the agent: run as an RPC to this rank itself, so
-        interrupts, output and pickling are an RPC function's; the answer goes on the control
-        channel, after what the call printed (``after_call`` flushed it)."""
+        interrupts, output and pickling are an RPC function's; the answer goes back the way
+        the call came (the agent waits for its other ranks' and sends theirs in one frame),
+        after what the call printed went on the control channel (``after_call`` flushed it)."""
         import pickle
 
         import torch.distributed.rpc as rpc
@@ -478,11 +479,12 @@ class Worker:
         except BaseException as exc:  # noqa: BLE001 - the caller's to see, as over RPC
             reply = Returned(self.rank, msg.call_id, "error", b"", type(exc).__name__,
                              safe_str(exc))
-        assert self.channel is not None
+        back = self.relay if self.relay is not None and not self.relay.closed else self.channel
+        assert back is not None
         try:
-            self.channel.send(reply)
+            back.send(reply)
         except OSError:
-            pass  # the notebook is gone
+            pass  # the notebook (or the agent) is gone
 
     def _drop_queued_output(self) -> None:
         """After Ctrl-C, output still queued here is not worth the wait: drop it, say how much."""

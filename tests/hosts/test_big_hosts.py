@@ -67,10 +67,15 @@ def test_eight_hosts_of_sixteen_ranks_run_heal_restart_and_stop_clean(fakehosts,
         assert value.strip("'") == _netns(_pids_in(fh, next(
             h for h in fh.names if fh.ns[h] == host))[0]), f"rank {r} is not on {host}"
     # a view call reaches every rank
-    calls = c.frames.message("call").frames
+    def back() -> int:  # frames the agents relayed to the notebook
+        return sum(a.relayed_frames for a in c._world.agents.values())
+
+    calls, answers = c.frames.message("call").frames, back()
     pids = c[:].call(os.getpid)
     assert sorted(pids) == list(range(1, world))
     assert c.frames.message("call").frames - calls == HOSTS  # a view call: a frame a host
+    # ... and about a frame a host back: a host's answers wait for each other (up to HOLD)
+    assert back() - answers <= 2 * HOSTS, back() - answers
     # a line every rank prints at once shows once per batch that brought it (a host's agent
     # sends its ranks' equal lines once), led by the ranks: every rank once, in a few lines
     capfd.readouterr()

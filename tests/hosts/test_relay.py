@@ -1,6 +1,6 @@
 """Issue 52: the notebook's cost grows with hosts, not ranks. A cell, a view's call, push or
 pull, an interrupt, a flush and a stop reach a host's ranks in one frame to its join agent
-(``hosts.rank_pipes``), which batches a cell's answers back; a local rank keeps its own
+(``hosts.rank_pipes``), which batches a cell's or call's answers back; a local rank keeps its own
 path. Counted by ``c.frames`` on a bed of 4 fake hosts x 4 ranks (network namespaces,
 tests/fakehosts.py)."""
 
@@ -163,10 +163,12 @@ def test_an_interrupt_is_one_frame_per_host(bed):
 
 def test_a_view_call_is_one_frame_per_host_with_real_values(bed):
     fh, c = bed
-    before = c.frames.message("call")
+    before, answers = c.frames.message("call"), _replies(c)
     assert c[:].call(_rank) == {r: r for r in [1, *REMOTE]}  # rank 1: an RPC, as ever
     sent = c.frames.message("call")
     assert (sent.frames - before.frames, sent.relayed - before.relayed) == (HOSTS, HOSTS)
+    # the answers come back as they went: a host's wait for each other (up to HOLD)
+    assert HOSTS <= _replies(c) - answers < len(REMOTE), _replies(c) - answers
     got = c[REMOTE].call(_tensor, 3)
     assert list(got) == REMOTE
     for r in REMOTE:

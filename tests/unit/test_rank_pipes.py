@@ -1,6 +1,6 @@
 """A join agent's relay (``hosts.rank_pipes``) over real socketpairs: a ``Relay`` frame reaches
 each rank named, and what the ranks send back is batched in order, equal lines once, a cell's
-results waiting for the host's other ranks (but not an error)."""
+results and a view call's answers waiting for the host's other ranks (but not an error)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,17 @@ import pytest
 from conftest import wait_until
 
 from nbdist.control.channel import Channel
-from nbdist.control.protocol import Exec, Output, Relay, Relayed, Result, decode, encode
+from nbdist.control.protocol import (
+    Call,
+    Exec,
+    Output,
+    Relay,
+    Relayed,
+    Result,
+    Returned,
+    decode,
+    encode,
+)
 from nbdist.hosts.rank_pipes import HOLD, WINDOW, RankPipes
 
 
@@ -110,6 +120,23 @@ def test_a_cells_results_wait_for_the_hosts_other_ranks(bed):
     batches = b.batches()
     assert len(batches) == 1
     assert [(ranks, m.rank) for ranks, m in batches[0]] == [((2,), 2), ((3,), 3)]
+
+
+def test_a_view_calls_answers_wait_for_the_hosts_other_ranks_and_go_as_one_frame(bed):
+    b = bed([2, 3, 4])
+    b.pipes.forward(Relay((2, 3, 4), encode(Call(11, b"fn", 5.0))))
+    for r in (2, 3):
+        b.ranks[r].send(Returned(r, 11, "ok", b"v"))
+        b.take(r)
+    assert b.pipes.due_in(time.monotonic()) > WINDOW  # held for rank 4, past the window
+    b.ranks[4].send(Returned(4, 11, "ok", b"v"))
+    b.take(4)
+    assert b.pipes.due_in(time.monotonic()) == 0.0  # all three answered: it goes now
+    b.pipes.flush(b.agent)
+    batches = b.batches()
+    assert [[(ranks, m.call_id) for ranks, m in batch] for batch in batches] == \
+        [[((2,), 11), ((3,), 11), ((4,), 11)]]
+    assert b.pipes.sent == 1
 
 
 def test_an_error_is_not_held_and_a_silent_rank_is_waited_for_only_so_long(bed):
