@@ -1,6 +1,6 @@
 # nbdist: `make demo` runs the quickstart notebook headless; `make test` runs the tests.
 # Both create the virtual environment first if it is missing.
-# `make test TORCH=2.15.0` (or test-fast, bench, lint) does the same in .venv-torch-2.15.0, a
+# `make test TORCH=2.15.0` (or test-fast, test-range, bench, lint) does the same in .venv-torch-2.15.0, a
 # venv with that torch and everything else as constraints.txt pins it: a user checks their own
 # torch this way, and CI checks the newest and the oldest of the accepted range.
 PY ?= python3
@@ -24,7 +24,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 OUT := notebooks/_out
 
-.PHONY: demo test test-fast bench lint browser clean clean-torch conformance-torch \
+.PHONY: demo test test-fast test-range bench lint browser clean clean-torch conformance-torch \
 	conformance-torch-sample docs
 
 $(STAMP): pyproject.toml constraints.txt
@@ -65,9 +65,20 @@ test: $(STAMP) browser
 
 # What a developer runs while working: no notebook runs, no browser, no long stress tests, no
 # conformance suite (minutes: script and world side by side; `make test` runs it)
-# (under 2 minutes on 2 cores). `make test` runs everything.
+# (about 13 minutes on 2 cores, 730 tests). `make test` runs everything.
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow and not browser and not conformance"
+
+# The tests where torch's version shows, for the other end of the accepted range (CI runs it
+# on the oldest torch, `make test-range TORCH=2.8.0`): the patches' registry and pins (unit),
+# worlds in this process (world), scripts and mp.spawn (scripts), the kernel tests of the
+# patches (re-run cells, spawn, shared memory, interrupts), fast ones only, then the sample of
+# torch's own RPC tests (about 7 minutes on 2 cores).
+RANGE_TESTS := tests/unit tests/world tests/scripts tests/kernel/test_rpc_rerun.py \
+	tests/kernel/test_spawn.py tests/kernel/test_shm.py tests/kernel/test_interrupts.py
+test-range: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow and not browser and not conformance" $(RANGE_TESTS)
+	$(BIN)/python -m pytest -q tests/torch_rpc
 
 # torch's own RPC tests from a notebook, the whole CPU pool (430), each form beside its
 # reference (tests/torch_rpc): world form vs. plain processes (about 10 minutes on 2 cores),

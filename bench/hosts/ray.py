@@ -27,8 +27,8 @@ of 2 CPUs each in network namespaces, 4 remote ranks each way, ``--rounds`` time
 ``ray`` and ``ray.train.torch`` are imported before any timing (the figures say how long that
 took, once per process). Each peer ends with the driver disconnected and Ray listing no live
 actor and no placement group (waited for, not timed). Writes ``bench/results/ray.json`` and
-``ray.md``, naming the commit measured. ``--smoke``: one round, fewer cells, results to a
-temporary directory.
+``ray.md``, naming the commit measured. ``--smoke``: one round, fewer cells, one ``fit()``,
+results to a temporary directory.
 """
 
 from __future__ import annotations
@@ -233,7 +233,10 @@ def _kill_detached() -> list[str]:
     return killed
 
 
-def _ray_train(address: str, storage: Path, round_: int, seen: set[Path]) -> dict:
+def _ray_train(address: str, storage: Path, round_: int, seen: set[Path],
+               smoke: bool = False) -> dict:
+    """One round of Ray Train: ``ray.init``, a first ``fit()``, a second, and one of a barrier
+    (``smoke``: the first only, ~40 s each on 2 cores; the others' columns read "—")."""
     import ray
 
     here = storage / f"round{round_}"
@@ -245,9 +248,10 @@ def _ray_train(address: str, storage: Path, round_: int, seen: set[Path]) -> dic
         ray.init(log_to_driver=False, logging_level=logging.ERROR, runtime_env=RUNTIME_ENV)
         init = time.perf_counter() - t0
         first = _fit(here, "first", barrier=False)
-        second = _fit(here, "second", barrier=False)
-        cell = _fit(here, "cell", barrier=True)
-        for fit, phases in zip((first, second, cell), _phases(seen), strict=False):
+        second = None if smoke else _fit(here, "second", barrier=False)
+        cell = None if smoke else _fit(here, "cell", barrier=True)
+        made = [f for f in (first, second, cell) if f is not None]
+        for fit, phases in zip(made, _phases(seen), strict=False):
             fit["phases"] = phases
     finally:
         if ray.is_initialized():
@@ -278,6 +282,15 @@ def _phases(seen: set[Path]) -> list[dict[str, float]]:
                 phases[m.group(1)] = float(m.group(2))
         out.append(phases)
     return out
+
+
+def _fits(rounds: list[dict], which: str, text: str) -> str:
+    """``text`` with the medians of the rounds' ``which`` fit (``—``: none made, --smoke)."""
+    made = [r[which] for r in rounds if r[which] is not None]
+    if not made:
+        return "—"
+    return text.format(to_loop=_median([f["to_loop"] for f in made]),
+                       fit=_median([f["fit"] for f in made]))
 
 
 def _median(values: list[float]) -> float:
@@ -332,9 +345,8 @@ def _table(res: dict) -> list[str]:
         lines.append(
             f"| Ray Train `TorchTrainer(num_workers=4)`, {rt[0]['first']['backend']} | "
             f"{init:.2f} | {ready:.2f} to the loop's first line (whole `fit()` {whole:.2f}) | "
-            f"a second `fit()`: {_median([r['second']['to_loop'] for r in rt]):.2f} to the "
-            f"loop (whole {_median([r['second']['fit'] for r in rt]):.2f}) | no | "
-            f"a `fit()` of a barrier: {_median([r['cell']['fit'] for r in rt]):.2f} |")
+            + _fits(rt, "second", "a second `fit()`: {to_loop:.2f} to the loop (whole {fit:.2f})")
+            + f" | no | {_fits(rt, 'cell', 'a `fit()` of a barrier: {fit:.2f}')} |")
     sl = res["slurm"]
     if sl:
         lines.append(f"| nbdist `--slurm \"{sl['options']}\"`, from bench/results/slurm.json "
@@ -424,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
         seen: set[Path] = set()
         peers: dict[str, Callable[[int], dict]] = {
             "nbdist": lambda r: _nbdist(bed.address, cells),
-            "ray-train": lambda r: _ray_train(bed.address, storage, r, seen)}
+            "ray-train": lambda r: _ray_train(bed.address, storage, r, seen, args.smoke)}
         if import_train is None:
             del peers["ray-train"]
         for r in range(rounds):

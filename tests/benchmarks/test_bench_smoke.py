@@ -137,6 +137,7 @@ def test_every_bench_script_runs_in_smoke_mode(tmp_path):
             and not (s == "hosts/slurm.py" and slurm_why is not None)
             and not (s == "hosts/ray.py" and ray_why is not None)]
     started: dict[str, float] = {}
+    took: dict[str, float] = {}  # seconds each ran (printed: where the test's time goes)
     try:
         while todo or any(p.poll() is None for p, _, _ in procs.values()):
             running = [s for s, (p, _, _) in procs.items() if p.poll() is None]
@@ -156,7 +157,12 @@ def test_every_bench_script_runs_in_smoke_mode(tmp_path):
                     stderr=subprocess.STDOUT, start_new_session=True), out, log)
                 started[script] = time.monotonic()
                 running.append(script)
+            for script, (proc, _, _) in procs.items():
+                if script not in took and proc.poll() is not None:
+                    took[script] = time.monotonic() - started[script]
             time.sleep(0.2)
+        print("smoke seconds:", ", ".join(f"{s} {t:.0f}" for s, t in
+                                          sorted(took.items(), key=lambda kv: -kv[1])))
         failed = {s: (tmp_path / f"{o.name}.log").read_text()[-3000:]
                   for s, (p, o, _) in procs.items() if p.returncode != 0}
         assert not failed, "\n\n".join(f"{s} --smoke failed:\n{t}" for s, t in failed.items())
