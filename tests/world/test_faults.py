@@ -61,6 +61,27 @@ def test_ranks_failing_alike_show_one_block_with_their_ranks(world):
     assert heads == ["--- ranks 1-19 (worker1-19) ---"], heads
 
 
+def test_an_error_shown_while_others_run_is_not_shown_again_as_more_ranks_raise_it(world,
+                                                                                   capfd):
+    """Issue 52: at 64 ranks one error arriving in 17 batches was 17 "failed ... (the others
+    run on)" lines; each distinct error is shown once as it first arrives, and the cell's error
+    names every rank that raised it."""
+    c = world(4)
+    capfd.readouterr()
+    with pytest.raises(DistCellError) as info:
+        c.run("import os, time\nrank = int(os.environ['NBDIST_RANK'])\n"
+              "time.sleep({1: 0, 2: 1.0, 4: 2.0, 3: 3.0}[rank])\n"
+              "raise KeyError('four') if rank == 4 else ValueError('same')", show=False)
+    _, err = capfd.readouterr()
+    notices = [line for line in err.splitlines() if "(the others run on)" in line]
+    assert len(notices) == 2, notices  # rank 2's is rank 1's error, later: no line of its own
+    assert "rank 1 (worker1) failed: ValueError: same" in notices[0]
+    assert "rank 4 (worker4) failed: KeyError: 'four'" in notices[1]
+    assert sorted(f.rank for f in info.value.failures) == [1, 2, 3, 4]
+    assert [f.etype for f in sorted(info.value.failures, key=lambda f: f.rank)] == \
+        ["ValueError", "ValueError", "ValueError", "KeyError"]
+
+
 def _divide_by_zero() -> float:
     return 1 / 0
 
