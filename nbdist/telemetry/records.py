@@ -66,7 +66,7 @@ STALL_SECONDS = 5.0  # log() stops waiting when the flusher made no progress for
 
 _RESERVED = frozenset(("rank", "name", "time"))
 _now = time.time
-_rows, _queue = outbox.rows, outbox.queue  # log()'s hot path on a worker
+_rows, _queue, _wake = outbox.rows, outbox.queue, outbox.wake  # log()'s hot path on a worker
 
 
 class _Me:
@@ -107,9 +107,12 @@ def log(step: int | None = None, **values: Any) -> None:
         step = int(step)
     me.next_step = step + 1
     if me.worker:
-        if len(_rows) >= MAX_PENDING:
+        pending = len(_rows)
+        if pending >= MAX_PENDING:
             _wait_for_room()
         _queue((step, _now(), values))  # the kwargs dict is ours: no copy
+        if not pending:
+            _wake()  # the flusher sleeps while the queue is empty
     else:
         deliver([record(me.rank, me.name, step, _now(), values)])
 

@@ -28,7 +28,7 @@ from ..patches import rpc_calls, torch_private
 from ..patches.installed import SyncTiming, first_time, forget, has, hooks
 from ..patches.thread_states import pin
 from ..table import html_table, human_bytes, text_table
-from . import records
+from . import outbox, records
 
 __all__ = [
     "RpcStats",
@@ -51,6 +51,7 @@ ENV = "NBDIST_TRACE"
 KEEP_PER_KEY = 100_000  # latencies kept per (caller, callee, function) for percentiles
 KEEP_TIMELINE = 50_000  # most recent calls kept for the dashboard's plots over time
 FOLD_AT = 10_000  # rank 0 folds its finished calls into the aggregates beyond this many
+_wake = outbox.wake  # a worker's metrics flusher, when the first finished call waits
 
 
 
@@ -217,6 +218,8 @@ def _watch(fut: Any, callee: str, name: str, t0: float, nbytes: int) -> None:
         pin()  # torch's thread: keep its Python state for the next callback
         if len(finished) > FOLD_AT:
             _fold()
+        elif len(finished) == 1:
+            _wake()  # a worker's flusher sleeps until something is to ship
 
     fut.add_done_callback(done)
 
@@ -264,6 +267,8 @@ def _sync_end() -> None:
         finished.append((callee, name, t0, perf_counter() - t0, nbytes))
         if len(finished) > FOLD_AT:
             _fold()
+        elif len(finished) == 1:
+            _wake()
 
 
 def _wrap_python_udf(orig: Any) -> Any:
@@ -362,6 +367,8 @@ def _wrap_to_here(orig: Any) -> Any:
                       _value_bytes(value)))
         if len(finished) > FOLD_AT:
             _fold()
+        elif len(finished) == 1:
+            _wake()
         return value
 
     to_here.__doc__ = orig.__doc__
@@ -534,7 +541,7 @@ def _drain_local() -> None:
 def _fold() -> None:
     """Rank 0's finished calls grew while nobody read them: fold them into the aggregates.
 
-    A worker's flusher ships its calls every 50 ms instead (``_ship``).
+    A worker's flusher ships its calls instead (``_ship``), woken by the first of them.
     """
     if not records.is_worker():
         _drain_local()

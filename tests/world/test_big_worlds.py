@@ -8,8 +8,10 @@ shared-memory transport connects over abstract unix sockets, its TCP transport d
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
+from conftest import wait_until
 
 from nbdist.spec import SHM_TRANSPORT_UP_TO, WorldSpec
 
@@ -65,6 +67,40 @@ def test_the_start_deadline_grows_with_the_world_unless_given(monkeypatch):
 def test_a_bad_transport_says_which_ones_exist():
     with pytest.raises(ValueError, match="--rpc-transport takes auto, shm or tcp"):
         WorldSpec(2, rpc_transport="rdma").validate()
+
+
+def _context_switches(pid: int) -> int:
+    """Every thread of ``pid``'s voluntary and involuntary context switches so far."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/status") as f:
+                total += sum(int(line.split()[1]) for line in f if "ctxt_switches" in line)
+        except OSError:
+            continue  # a thread that ended meanwhile
+    return total
+
+
+def test_idle_workers_sleep_and_wake_for_what_a_thread_prints_or_logs(world):
+    """Issue 52: each idle worker's output and metrics flushers woke 53 times a second (256
+    idle ranks took a third of a 2-core machine); they sleep until something is written or
+    logged, and what a background thread prints or logs outside any cell still arrives. Over
+    TCP: TensorPipe's shared-memory transport spins a reactor thread in every process."""
+    import nbdist
+
+    c = world(4, rpc_transport="tcp")
+    c.run("x = 1", show=False)
+    pids = [c.ranks[r].pid for r in range(1, 5)]
+    time.sleep(1.0)
+    before, t0 = {p: _context_switches(p) for p in pids}, time.monotonic()
+    time.sleep(3.0)
+    rates = [(_context_switches(p) - before[p]) / (time.monotonic() - t0) for p in pids]
+    assert max(rates) < 15, f"idle workers switched {rates} times a second (was 58)"
+    c.run("import nbdist, threading\n"
+          "threading.Timer(0.5, lambda: (print('late line'), nbdist.log(late=1))).start()",
+          ranks=[3], show=False)
+    wait_until(lambda: "late line" in c.logs(3) and nbdist.history(3, "late"), 30,
+               "rank 3's background line and record")
 
 
 def test_a_small_world_keeps_shared_memory_and_a_big_one_uses_tcp(world):
