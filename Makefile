@@ -118,6 +118,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/lifecycle/fail_fast.py
 	$(BIN)/python bench/lifecycle/lifecycle_stress.py
 	$(BIN)/python bench/scale/scale.py
+	$(BIN)/python bench/scale/starts.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check nbdist tests bench docs

@@ -7,6 +7,9 @@ Reports the seconds from the first fork until rank 0's ``init_rpc`` returned and
 ``rpc_async`` was answered by every rank, rank 0's RSS
 growth and the children's PSS, or the failure (rank 0's error, how many children failed).
 
+``python _scale_child.py once N``: ``nbdist.start(N - 1)``, a cell on every rank, a view call,
+stop: whether it worked, and the seconds of the start (``starts.py`` repeats it).
+
 ``python _scale_child.py nbdist N [HOSTS PER_HOST]``: ``nbdist.start(N - 1)`` (or, with HOSTS,
 rank 0 alone here and HOSTS fake hosts of PER_HOST ranks each, ``tests/fakehosts.py``); then a
 restart, a trivial cell, a view call, a print on every rank, ``%dist_status`` and the stop,
@@ -209,10 +212,33 @@ def world(n: int, hosts: int = 0, per_host: int = 0) -> dict[str, Any]:
     return out
 
 
+def once(n: int) -> dict[str, Any]:
+    import torch  # noqa: F401 - paid before the start, as in ``world``
+
+    import nbdist
+
+    out: dict[str, Any] = {"n": n, "who": "nbdist"}
+    t0 = time.perf_counter()
+    c = nbdist.start(n - 1, start_timeout=TIMEOUT, quiet=True)
+    try:
+        out["start_s"] = round(time.perf_counter() - t0, 3)
+        got = c.run("import os\nos.getpid()", show=False)
+        want = {r: c.ranks[r].pid for r in range(1, n)}
+        if {r: int(v) for r, v in got.items()} != want or c[:].call(os.getpid) != want:
+            out["error"] = "a cell or a view call did not reach every rank"
+    finally:
+        t0 = time.perf_counter()
+        c.stop()
+        out["stop_s"] = round(time.perf_counter() - t0, 3)
+    return out
+
+
 def main() -> None:
     what, n = sys.argv[1], int(sys.argv[2])
     if what == "plain":
         result = plain(n, sys.argv[3])
+    elif what == "once":
+        result = once(n)
     else:
         hosts, per = (int(sys.argv[3]), int(sys.argv[4])) if len(sys.argv) > 4 else (0, 0)
         result = world(n, hosts, per)

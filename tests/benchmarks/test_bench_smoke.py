@@ -55,6 +55,7 @@ SCRIPTS = {
     "lifecycle/fail_fast.py": ["fail_fast.json", "fail_fast.md"],
     "lifecycle/lifecycle_stress.py": ["lifecycle_stress.json", "lifecycle_stress.md"],
     "scale/scale.py": ["scale.json", "scale.md", "scale.png"],
+    "scale/starts.py": ["scale_starts.json", "scale_starts.md"],
 }
 #: Results other ``make`` targets write: target -> its results files (each named in its
 #: recipe without the suffix). The conformance suite is not a bench script: it runs torch's

@@ -1,0 +1,99 @@
+"""Big worlds start every time: nbdist's start of N ranks repeated, beside plain torch's.
+
+``python bench/scale/starts.py`` (part of ``make bench``): for N = 64, 128 and 256 ranks on this
+machine, ``--repeat`` (10) fresh processes each start a world of N ranks (``_scale_child.py
+once``: start, a cell on every rank, a view call, stop), and plain torch's ``init_rpc`` with
+its own transports (what a script gets) is tried ``--plain`` (3) times at each N. Each attempt's
+outcome is counted, none hidden: how many of the tries worked, the start's seconds (min,
+median, max) and the first error of each kind. Writes ``bench/results/scale_starts.json`` and
+``scale_starts.md``. ``--smoke``: N = 4, 2 starts, 1 plain try, results to a temporary
+directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent)]
+import _common  # noqa: E402
+from scale import _child  # noqa: E402
+
+__all__ = ["main"]
+
+SIZES = (64, 128, 256)
+
+
+def _tally(rows: list[dict]) -> dict:
+    """How many of ``rows`` worked, their start seconds' spread and the errors met."""
+    ok = [r["start_s"] for r in rows if "error" not in r and "start_s" in r]
+    errors: dict[str, int] = {}
+    for r in rows:
+        if "error" in r:
+            errors[r["error"][:200]] = errors.get(r["error"][:200], 0) + 1
+    spread = {"min": min(ok), "median": round(statistics.median(ok), 2), "max": max(ok)} \
+        if ok else {}
+    return {"tries": len(rows), "worked": len(ok), "start_s": spread, "errors": errors}
+
+
+def _markdown(table: list[dict], commit: str) -> str:
+    lines = [f"# Big worlds start every time (bench/scale/starts.py), nbdist at {commit}", "",
+             f"{datetime.date.today()}, {os.cpu_count()} cores. Each try a fresh process: "
+             "nbdist starts N ranks, runs a cell on every rank and a view call, stops; plain "
+             "torch forks N - 1 processes after `import torch` and every one calls `init_rpc` "
+             "(its own transports, `file://` rendezvous). Start seconds: to every rank "
+             "answering (nbdist cold: its template imports torch).", "",
+             "| who | N | worked / tries | start s (min, median, max) | errors (count) |",
+             "|---|---|---|---|---|"]
+    for t in table:
+        s = t["start_s"]
+        spread = f"{s['min']:.1f}, {s['median']:.1f}, {s['max']:.1f}" if s else ""
+        errors = "; ".join(f"{e} ({k})" for e, k in t["errors"].items())
+        lines.append(f"| {t['who']} | {t['n']} | {t['worked']} / {t['tries']} | {spread} | "
+                     f"{errors} |")
+    lines += ["", "On 2 cores a big world is oversubscribed (N processes on 2 CPUs): the "
+              "counts say whether it starts, the seconds what such a machine takes; the "
+              "16-core machine's figures are added when one is lent."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    _common.add_arguments(ap)
+    ap.add_argument("--sizes", default=None, help="comma list of N (default 64,128,256)")
+    ap.add_argument("--repeat", type=int, default=10, help="nbdist starts at each N")
+    ap.add_argument("--plain", type=int, default=3, help="plain torch tries at each N")
+    args = ap.parse_args(argv)
+    out = _common.out_dir(args)
+    sizes = (4,) if args.smoke else SIZES
+    if args.sizes:
+        sizes = tuple(int(s) for s in args.sizes.split(","))
+    repeat, plain = (2, 1) if args.smoke else (args.repeat, args.plain)
+    import torch
+
+    table = []
+    for n in sizes:
+        for who, argv_, tries in (("nbdist", ("once", n), repeat),
+                                  ("plain torch (default)", ("plain", n, "default"), plain)):
+            rows = []
+            for i in range(tries):
+                rows.append(_child(*argv_))
+                print(f"{who} N={n} try {i + 1}/{tries}: {json.dumps(rows[-1])}", flush=True)
+            table.append({"who": who, "n": n, **_tally(rows), "rows": rows})
+    commit = _common.measured_commit()
+    (out / "scale_starts.json").write_text(json.dumps(
+        {"commit": commit, "cores": os.cpu_count(), "torch": torch.__version__,
+         "table": table}, indent=1) + "\n")
+    (out / "scale_starts.md").write_text(_markdown(table, commit))
+    print((out / "scale_starts.md").read_text())
+    return 0 if all(t["worked"] == t["tries"] for t in table if t["who"] == "nbdist") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
