@@ -397,11 +397,12 @@ def install(rank: int, name: str) -> None:
         wraps = {"python_udf": _wrap_python_udf, "rpc_builtin": _wrap_rpc_builtin,
                  "remote_builtin": _wrap_remote_builtin, "rpc_script": _wrap_rpc_script,
                  "remote_script": _wrap_remote_script, "to_here": _wrap_to_here}
-        if has("rpc_hooks.caller"):  # its rpc_sync times the call: no second wrapper
+        callers_sync = has("rpc_hooks.caller")  # its rpc_sync times the call: no 2nd wrapper
+        if callers_sync:
             hooks().sync_timing = SyncTiming(_SWITCH_PER_PROCESS, _CALLS_PER_PROCESS.tls,
                                              _sync_end)
         rpc_calls.install_tracing(wraps, rpc_calls.UdfTiming(_take_call, _watch_udf),
-                                  None if has("rpc_hooks.caller") else _wrap_rpc_sync)
+                                  None if callers_sync else _wrap_rpc_sync)
 
 
 def uninstall() -> list[str]:
