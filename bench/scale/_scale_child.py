@@ -25,6 +25,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import signal
 import statistics
 import sys
@@ -71,6 +72,14 @@ def _spread(values: list[float]) -> dict[str, float]:
             "max": round(values[-1], 1)}
 
 
+def _short(exc: BaseException) -> str:
+    """The first line of ``exc`` and its last (torch's cause), lists of names counted."""
+    lines = str(exc).strip().splitlines() or [type(exc).__name__]
+    text = lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"
+    return re.sub(r"\[([^\]]*)\]", lambda m: f"[{len(m.group(1).split(','))} names]",
+                  text)[:300]
+
+
 def plain(n: int, transports: str) -> dict[str, Any]:
     import torch.distributed.rpc as rpc
 
@@ -113,7 +122,7 @@ def plain(n: int, transports: str) -> dict[str, Any]:
         os.write(write_end, b"x" * len(children))
         rpc.shutdown(graceful=False)
     except Exception as exc:  # noqa: BLE001 - the failure is the measurement
-        out["error"] = str(exc).strip().splitlines()[0][:300]
+        out["error"] = _short(exc)
         out["failed_after_s"] = round(time.perf_counter() - t0, 1)
     failed = 0
     for pid in children:

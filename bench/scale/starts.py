@@ -16,6 +16,7 @@ import argparse
 import datetime
 import json
 import os
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -30,13 +31,22 @@ __all__ = ["main"]
 SIZES = (64, 128, 256)
 
 
+def _error_kind(error: str) -> str:
+    """An error with its lists of names counted (torch names every follower it waited for,
+    in a different order each time), so that alike failures are counted together."""
+    counted = re.sub(r"\[([^\]]*)\]", lambda m: f"[{len(m.group(1).split(','))} names]",
+                     error)
+    return re.sub(r"\[[^\]]*$", "[names...]", counted)[:200]  # a list cut short
+
+
 def _tally(rows: list[dict]) -> dict:
     """How many of ``rows`` worked, their start seconds' spread and the errors met."""
     ok = [r["start_s"] for r in rows if "error" not in r and "start_s" in r]
     errors: dict[str, int] = {}
     for r in rows:
         if "error" in r:
-            errors[r["error"][:200]] = errors.get(r["error"][:200], 0) + 1
+            kind = _error_kind(r["error"])
+            errors[kind] = errors.get(kind, 0) + 1
     spread = {"min": min(ok), "median": round(statistics.median(ok), 2), "max": max(ok)} \
         if ok else {}
     return {"tries": len(rows), "worked": len(ok), "start_s": spread, "errors": errors}
