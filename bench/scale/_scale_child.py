@@ -72,12 +72,17 @@ def _spread(values: list[float]) -> dict[str, float]:
             "max": round(values[-1], 1)}
 
 
+def count_names(text: str) -> str:
+    """``text`` with each ``[...]`` list of names replaced by how many it held (torch names
+    every follower it waited for, in a different order each time)."""
+    return re.sub(r"\[([^\]]*)\]", lambda m: f"[{len(m.group(1).split(','))} names]", text)
+
+
 def _short(exc: BaseException) -> str:
     """The first line of ``exc`` and its last (torch's cause), lists of names counted."""
     lines = str(exc).strip().splitlines() or [type(exc).__name__]
     text = lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"
-    return re.sub(r"\[([^\]]*)\]", lambda m: f"[{len(m.group(1).split(','))} names]",
-                  text)[:300]
+    return count_names(text)[:300]
 
 
 def plain(n: int, transports: str) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]
 import _common  # noqa: E402
+from _scale_child import count_names  # noqa: E402
 from scale import _child  # noqa: E402
 
 __all__ = ["main"]
@@ -32,11 +33,8 @@ SIZES = (64, 128, 256)
 
 
 def _error_kind(error: str) -> str:
-    """An error with its lists of names counted (torch names every follower it waited for,
-    in a different order each time), so that alike failures are counted together."""
-    counted = re.sub(r"\[([^\]]*)\]", lambda m: f"[{len(m.group(1).split(','))} names]",
-                     error)
-    return re.sub(r"\[[^\]]*$", "[names...]", counted)[:200]  # a list cut short
+    """An error with its lists of names counted, so that alike failures count together."""
+    return re.sub(r"\[[^\]]*$", "[names...]", count_names(error))[:200]  # a list cut short
 
 
 def _tally(rows: list[dict]) -> dict:
