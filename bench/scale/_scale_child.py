@@ -75,7 +75,8 @@ def _spread(values: list[float]) -> dict[str, float]:
 def count_names(text: str) -> str:
     """``text`` with each ``[...]`` list of names replaced by how many it held (torch names
     every follower it waited for, in a different order each time)."""
-    return re.sub(r"\[([^\]]*)\]", lambda m: f"[{len(m.group(1).split(','))} names]", text)
+    return re.sub(r"\[(?!\d+ names\])([^\]]*)\]",
+                  lambda m: f"[{len(m.group(1).split(','))} names]", text)
 
 
 def _short(exc: BaseException) -> str:

@@ -62,7 +62,7 @@ def _markdown(table: list[dict], commit: str) -> str:
     for t in table:
         s = t["start_s"]
         spread = f"{s['min']:.1f}, {s['median']:.1f}, {s['max']:.1f}" if s else ""
-        errors = "; ".join(f"{e} ({k})" for e, k in t["errors"].items())
+        errors = "; ".join(f"{e} ({k})" for e, k in t["errors"].items()).replace("|", "/")
         lines.append(f"| {t['who']} | {t['n']} | {t['worked']} / {t['tries']} | {spread} | "
                      f"{errors} |")
     lines += ["", "On 2 cores a big world is oversubscribed (N processes on 2 CPUs): the "
