@@ -35,20 +35,31 @@ from .launcher import run_launcher  # noqa: E402
 from .pool import Test, pool, sample  # noqa: E402
 from .world import C10dWorld  # noqa: E402
 
-__all__ = ["RESULTS", "Record", "differences", "run_world"]
+__all__ = ["RESULTS", "Record", "differences", "run_world", "torch_version"]
 
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
 
 
-class Record:
-    """Both sides' outcomes over runs: ``world`` and ``launcher`` (``{test id: outcome}``),
-    ``launcher_s`` (``{test id: seconds}``), ``world_s`` and ``world_run`` (the last world
-    run's seconds and what it ran). Saved after every launcher test, so a stopped run keeps
-    what it found."""
+def torch_version() -> str:
+    """The installed torch's version, without its local part (``2.15.0``, not ``+cu132``)."""
+    return importlib.metadata.version("torch").split("+")[0]
 
-    def __init__(self, path: Path) -> None:
+
+class Record:
+    """Both sides' outcomes over runs, on the installed torch: ``world`` and ``launcher``
+    (``{test id: outcome}``), ``launcher_s`` (``{test id: seconds}``), ``world_s`` and
+    ``world_run`` (the last world run's seconds and what it ran). The file holds one such part
+    per torch version (``{"2.15.0": {...}, "2.8.0": {...}}``: CI judges the sample on the
+    oldest torch too). Saved after every launcher test, so a stopped run keeps what it found."""
+
+    def __init__(self, path: Path, torch: str | None = None) -> None:
         self.path = path
-        saved = json.loads(path.read_text()) if path.exists() else {}
+        self.torch = torch or torch_version()
+        every = json.loads(path.read_text()) if path.exists() else {}
+        if "launcher" in every:  # one torch's part alone (how the first runs wrote it)
+            every = {every.pop("torch", self.torch).split("+")[0]: every}
+        self._others = {v: d for v, d in every.items() if v != self.torch}
+        saved = every.get(self.torch, {})
         self.world: dict = saved.get("world", {})
         self.launcher: dict = saved.get("launcher", {})
         self.launcher_s: dict = saved.get("launcher_s", {})
@@ -62,9 +73,9 @@ class Record:
             self.save()
 
     def save(self) -> None:
-        data = {"world": self.world, "world_s": self.world_s, "world_run": self.world_run,
-                "launcher": self.launcher, "launcher_s": self.launcher_s,
-                "torch": importlib.metadata.version("torch")}
+        data = {**self._others, self.torch: {
+            "world": self.world, "world_s": self.world_s, "world_run": self.world_run,
+            "launcher": self.launcher, "launcher_s": self.launcher_s}}
         tmp = self.path.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
         tmp.replace(self.path)
@@ -107,7 +118,7 @@ def report(rec: Record, everything: list[Test]) -> str:
     lines = [
         "# torch's c10d tests from a notebook (script form)", "",
         f"Pool: {len(everything)} CPU tests of torch's `DistributedTest._DistTestBase` (gloo, "
-        f"world size 4; torch {importlib.metadata.version('torch')}). Rerun: `make "
+        f"world size 4; torch {rec.torch}). Rerun: `make "
         "conformance-torch` (whole pool, torch's launcher resumed for the tests it has not "
         "recorded) or `python -m tests.torch_c10d.suite --sample N`.",
         "", "| side | tests | pass | skip | fail | hang | seconds | seconds a test |",

@@ -3,7 +3,8 @@ world size 4) as written, one after another in one ``--no-rpc`` world, end as un
 launcher (a fast sample; the whole pool: ``make conformance-torch``).
 
 torch's launcher takes 10 to 60 s a test on 2 cores, so the sample's world outcomes are judged
-against its recorded outcomes (``bench/results/torch_c10d_script.json``), and ``LIVE`` tests
+against its outcomes recorded on the same torch (``bench/results/torch_c10d_script.json``, a
+part per torch version), and ``LIVE`` tests
 run under torch's launcher beside the world, in the same test. Differences listed in
 ``intended.py`` are the only ones allowed.
 """
@@ -58,9 +59,10 @@ def test_the_pool_is_torchs_cpu_suite(tests):
 def test_tests_as_written_in_a_world_end_as_under_torchs_launcher(tests, tmp_path):
     chosen = _chosen(tests)
     recorded = Record(RESULTS / "torch_c10d_script.json").launcher
-    missing = [t.id for t in chosen if t.id not in recorded]
-    assert not missing, f"not in the launcher's record (run `python -m tests.torch_c10d.suite " \
-                        f"--sides launcher --resume --sample {SAMPLE} --seed {SEED}`): {missing}"
+    missing = [t.name for t in chosen if t.id not in recorded]
+    assert not missing, ("not in the launcher's record on this torch: record them with "
+                         "`python -m tests.torch_c10d.suite --sides launcher --resume --only "
+                         f"'\\.({'|'.join(missing)})$'` (about 15 s a test)")
     live: dict = {}
     beside = threading.Thread(target=lambda: live.update(run_launcher(
         [t for t in tests if t.id in LIVE], tmp_path / "launcher")[0]))
