@@ -72,25 +72,29 @@ test-fast: $(STAMP)
 # The tests where torch's version shows, for the other end of the accepted range (CI runs it
 # on the oldest torch, `make test-range TORCH=2.8.0`): the patches' registry and pins (unit),
 # worlds in this process (world), scripts and mp.spawn (scripts), the kernel tests of the
-# patches (re-run cells, spawn, shared memory, interrupts), fast ones only, then the sample of
-# torch's own RPC tests (about 7 minutes on 2 cores).
+# patches (re-run cells, spawn, shared memory, interrupts), fast ones only, then the samples of
+# torch's own RPC and c10d tests (about 8 minutes on 2 cores).
 RANGE_TESTS := tests/unit tests/world tests/scripts tests/kernel/test_rpc_rerun.py \
 	tests/kernel/test_spawn.py tests/kernel/test_shm.py tests/kernel/test_interrupts.py
 test-range: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow and not browser and not conformance" $(RANGE_TESTS)
-	$(BIN)/python -m pytest -q tests/torch_rpc
+	$(BIN)/python -m pytest -q tests/torch_rpc tests/torch_c10d
 
 # torch's own RPC tests from a notebook, the whole CPU pool (430), each form beside its
 # reference (tests/torch_rpc): world form vs. plain processes (about 10 minutes on 2 cores),
 # script form vs. torch's launcher (over 2 hours, nearly all of it the launcher's: a fresh
 # process per rank per test). Writes bench/results/torch_rpc_world.* and torch_rpc_script.*.
+# Then torch's c10d tests (tests/torch_c10d: 114, gloo, script form in one world, about 80 s,
+# beside torch's launcher, 10 to 40 s a test): torch_c10d_script.*; the launcher runs only the
+# tests its record lacks (--resume), so the record is completed over runs.
 conformance-torch: $(STAMP)
 	$(BIN)/python -m tests.torch_rpc.suite --forms world --out bench/results/torch_rpc_world
 	$(BIN)/python -m tests.torch_rpc.suite --forms script --out bench/results/torch_rpc_script
+	$(BIN)/python -m tests.torch_c10d.suite --resume
 
-# Its fast sample (also part of `make test`); CI runs it on the oldest torch of the range too.
+# Their fast samples (also part of `make test`); CI runs them on the oldest torch of the range too.
 conformance-torch-sample: $(STAMP)
-	$(BIN)/python -m pytest -q tests/torch_rpc
+	$(BIN)/python -m pytest -q tests/torch_rpc tests/torch_c10d
 
 # Rewrites every file in bench/results, each naming the commit it measured (-dirty: with
 # uncommitted changes). tests/benchmarks/test_bench_smoke.py runs each script with --smoke in `make test`.

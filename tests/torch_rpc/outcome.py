@@ -8,6 +8,7 @@ An outcome is ``{"outcome": "pass" | "skip" | "fail" | "hang", "errors": ["r1 As
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 from kernel_helpers import kill_tree
@@ -40,19 +41,20 @@ def _read(out: Path, test, n: int) -> dict[int, dict]:
     return found
 
 
-def collect(out: Path, test, n: int) -> dict | None:
-    """The test's outcome once every rank wrote its own, else None."""
+def collect(out: Path, test, n: int, merge_: Callable[[dict], dict] = merge) -> dict | None:
+    """The test's outcome once every rank wrote its own, else None; ``merge_`` makes it of
+    the ranks' (a suite whose launcher judges ranks otherwise passes its own)."""
     found = _read(out, test, n)
-    return merge(found) if len(found) == n else None
+    return merge_(found) if len(found) == n else None
 
 
-def hang(out: Path, test, n: int, after: float) -> dict:
+def hang(out: Path, test, n: int, after: float, merge_: Callable[[dict], dict] = merge) -> dict:
     """The outcome of a test some ranks never finished."""
     found = _read(out, test, n)
     missing = [r for r in range(n) if r not in found]
     return {"outcome": "hang", "errors": [f"r{r} unfinished" for r in missing],
             "detail": f"ranks {missing} had not finished after {after:g}s; the others: "
-                      + json.dumps(merge(found) if found else None)[:2000]}
+                      + json.dumps(merge_(found) if found else None)[:2000]}
 
 
 def key(outcome: dict) -> tuple:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from kernel_helpers import Kernel
 
-from .outcome import collect, hang
+from .outcome import collect, hang, merge
 from .pool import HERE, Test
 
 __all__ = ["CELL_TIMEOUT", "WorldSide"]
@@ -35,7 +35,11 @@ _torch_rpc_run({cls!r}, {name!r}, int(os.environ["RANK"]), {file!r}, {form!r}, {
 
 
 class WorldSide:
-    """One kernel that runs tests one after another in a world of the ``form``'s kind."""
+    """One kernel that runs tests one after another in a world of the ``form``'s kind. A suite
+    whose tests run otherwise (tests/torch_c10d) overrides the cells (``_setup``, ``_cell``),
+    what a test leaves (``_done``) and how its ranks' outcomes make one (``merge``)."""
+
+    merge = staticmethod(merge)
 
     def __init__(self, form: str) -> None:
         assert form in ("body", "script")
@@ -86,7 +90,19 @@ class WorldSide:
             self._must(f"%dist_start {n - 1} {flags} --name worker0 --worker-name worker{{rank}}",
                        timeout=180)
         self.n = n
-        self._must(_SETUP.format(here=str(HERE)))
+        self._must(self._setup())
+
+    def _setup(self) -> str:
+        """The cell that readies every rank of a new world."""
+        return _SETUP.format(here=str(HERE))
+
+    def _cell(self, k: int, t: Test, where: Path, out: Path) -> str:
+        """The cell that runs the ``k``-th test ``t`` on every rank."""
+        return _CELL.format(cls=t.cls, name=t.name, file=str(where / f"file{k}"),
+                            form=self.form, out=str(out), raise_=self.form == "script")
+
+    def _done(self, k: int, where: Path) -> None:
+        """After the ``k``-th test's cell, however it ended (here: nothing to remove)."""
 
     def run(self, tests: list[Test], where: Path) -> dict:
         """``{test id: outcome}``; each rank's record goes to ``where/out``."""
@@ -95,19 +111,20 @@ class WorldSide:
         results = {}
         for k, t in enumerate(tests):
             self._world(t.world_size)
-            code = _CELL.format(cls=t.cls, name=t.name, file=str(where / f"file{k}"),
-                                form=self.form, out=str(out), raise_=self.form == "script")
+            code = self._cell(k, t, where, out)
             t0 = time.monotonic()
             try:
                 self.kernel.execute(code, timeout=CELL_TIMEOUT)  # type: ignore[union-attr]
             except TimeoutError:
-                results[t.id] = hang(out, t, t.world_size, CELL_TIMEOUT)
+                results[t.id] = hang(out, t, t.world_size, CELL_TIMEOUT, self.merge)
                 self.close()
                 continue
             finally:
                 self.seconds += time.monotonic() - t0
-            found = collect(out, t, t.world_size)
-            results[t.id] = found if found is not None else hang(out, t, t.world_size, 0)
+                self._done(k, where)
+            found = collect(out, t, t.world_size, self.merge)
+            results[t.id] = (found if found is not None
+                             else hang(out, t, t.world_size, 0, self.merge))
         return results
 
     def close(self) -> None:
