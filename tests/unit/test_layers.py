@@ -472,7 +472,7 @@ def test_the_architecture_page_names_what_exists():
 
 #: the folders of tests/, one per family (docs/development.md says what each holds)
 TEST_FAMILIES = {"unit", "world", "kernel", "scripts", "notebooks", "hosts", "docs_site",
-                 "browser", "conformance", "torch_rpc", "benchmarks"}
+                 "browser", "conformance", "torch_rpc", "torch_c10d", "benchmarks"}
 
 
 def _test_files_out_of_place(tests: Path) -> list[str]:
