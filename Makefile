@@ -90,7 +90,7 @@ test-range: $(STAMP)
 conformance-torch: $(STAMP)
 	$(BIN)/python -m tests.torch_rpc.suite --forms world --out bench/results/torch_rpc_world
 	$(BIN)/python -m tests.torch_rpc.suite --forms script --out bench/results/torch_rpc_script
-	$(BIN)/python -m tests.torch_c10d.suite --resume
+	$(BIN)/python -m tests.torch_c10d.suite --resume --out bench/results/torch_c10d_script
 
 # Their fast samples (also part of `make test`); CI runs them on the oldest torch of the range too.
 conformance-torch-sample: $(STAMP)

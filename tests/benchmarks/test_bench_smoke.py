@@ -61,7 +61,8 @@ SCRIPTS = {
 #: recipe without the suffix). The conformance suite is not a bench script: it runs torch's
 #: tests, and its whole pool takes hours.
 OTHER_TARGETS = {"conformance-torch": ["torch_rpc_world.json", "torch_rpc_world.md",
-                                       "torch_rpc_script.json", "torch_rpc_script.md"]}
+                                       "torch_rpc_script.json", "torch_rpc_script.md",
+                                       "torch_c10d_script.json", "torch_c10d_script.md"]}
 #: Not run by the smoke test: the same code as another entry, one switch apart.
 SAME_AS = {"rpc/rpc.py --unpinned": "rpc/rpc.py"}
 #: Scripts with a ``__main__`` that other scripts run as their child processes.
