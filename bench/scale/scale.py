@@ -56,8 +56,9 @@ def _child(*args: Any) -> dict[str, Any]:
     for line in done.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT "):])
-    tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
-    return {"n": int(args[1]), "error": f"exit {done.returncode}: {' | '.join(tail)[:300]}"}
+    lines = (done.stderr or done.stdout).strip().splitlines()
+    return {"n": int(args[1]), "error": f"exit {done.returncode}: {' | '.join(lines[-3:])[:300]}",
+            "traceback": lines[-40:]}  # where it failed: the json keeps it, the table not
 
 
 def _fmt(row: dict, key: str, scale: float = 1.0, digits: int = 2) -> str:

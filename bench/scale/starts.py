@@ -6,8 +6,9 @@ once``: start, a cell on every rank, a view call, stop), and plain torch's ``ini
 its own transports (what a script gets) is tried ``--plain`` (3) times at each N. Each attempt's
 outcome is counted, none hidden: how many of the tries worked, the start's seconds (min,
 median, max) and the first error of each kind. Writes ``bench/results/scale_starts.json`` and
-``scale_starts.md``. ``--smoke``: N = 4, 2 starts, 1 plain try, results to a temporary
-directory.
+``scale_starts.md``; with ``--sizes``, the rows not measured again (other sizes, or plain torch
+with ``--plain 0``) already there stay, each naming the commit and day it was measured at.
+``--smoke``: N = 4, 2 starts, 1 plain try, results to a temporary directory.
 """
 
 from __future__ import annotations
@@ -50,21 +51,36 @@ def _tally(rows: list[dict]) -> dict:
     return {"tries": len(rows), "worked": len(ok), "start_s": spread, "errors": errors}
 
 
+def _kept(path: Path, table: list[dict]) -> list[dict]:
+    """The rows of ``path``'s table not measured again in ``table`` (each names its commit)."""
+    if not path.exists():
+        return []
+    old, now = json.loads(path.read_text()), {(t["who"], t["n"]) for t in table}
+    return [{"commit": old["commit"], "day": old.get("day", ""), **t}
+            for t in old["table"] if (t["who"], t["n"]) not in now]
+
+
 def _markdown(table: list[dict], commit: str) -> str:
-    lines = [f"# Big worlds start every time (bench/scale/starts.py), nbdist at {commit}", "",
+    commits = sorted({t.get("commit", commit) for t in table})
+    where = ("at " + commit) if commits == [commit] else \
+        "at " + ", ".join(commits) + " (the row names its own)"
+    lines = [f"# Big worlds start every time (bench/scale/starts.py), nbdist {where}", "",
              f"{datetime.date.today()}, {os.cpu_count()} cores. Each try a fresh process: "
              "nbdist starts N ranks, runs a cell on every rank and a view call, stops; plain "
              "torch forks N - 1 processes after `import torch` and every one calls `init_rpc` "
              "(its own transports, `file://` rendezvous). Start seconds: to every rank "
              "answering (nbdist cold: its template imports torch).", "",
-             "| who | N | worked / tries | start s (min, median, max) | errors (count) |",
-             "|---|---|---|---|---|"]
-    for t in table:
+             "| who | N | worked / tries | start s (min, median, max) | errors (count) |"
+             + (" measured at |" if len(commits) > 1 else ""),
+             "|---|---|---|---|---|" + ("---|" if len(commits) > 1 else "")]
+    for t in sorted(table, key=lambda t: (t["n"], t["who"] != "nbdist")):
         s = t["start_s"]
         spread = f"{s['min']:.1f}, {s['median']:.1f}, {s['max']:.1f}" if s else ""
         errors = "; ".join(f"{e} ({k})" for e, k in t["errors"].items()).replace("|", "/")
+        at = f" {t.get('commit', commit)} {t.get('day', '')} |".replace("  ", " ") \
+            if len(commits) > 1 else ""
         lines.append(f"| {t['who']} | {t['n']} | {t['worked']} / {t['tries']} | {spread} | "
-                     f"{errors} |")
+                     f"{errors} |{at}")
     lines += ["", "On 2 cores a big world is oversubscribed (N processes on 2 CPUs): the "
               "counts say whether it starts, the seconds what such a machine takes; the "
               "16-core machine's figures are added when one is lent."]
@@ -89,18 +105,25 @@ def main(argv: list[str] | None = None) -> int:
     for n in sizes:
         for who, argv_, tries in (("nbdist", ("once", n), repeat),
                                   ("plain torch (default)", ("plain", n, "default"), plain)):
+            if not tries:  # not measured now: with --sizes, the row already there stays
+                continue
             rows = []
             for i in range(tries):
                 rows.append(_child(*argv_))
                 print(f"{who} N={n} try {i + 1}/{tries}: {json.dumps(rows[-1])}", flush=True)
             table.append({"who": who, "n": n, **_tally(rows), "rows": rows})
-    commit = _common.measured_commit()
+    commit, day = _common.measured_commit(), str(datetime.date.today())
+    for t in table:
+        t.update(commit=commit, day=day)
+    if args.sizes and not args.smoke:
+        table = _kept(out / "scale_starts.json", table) + table
     (out / "scale_starts.json").write_text(json.dumps(
-        {"commit": commit, "cores": os.cpu_count(), "torch": torch.__version__,
+        {"commit": commit, "day": day, "cores": os.cpu_count(), "torch": torch.__version__,
          "table": table}, indent=1) + "\n")
     (out / "scale_starts.md").write_text(_markdown(table, commit))
     print((out / "scale_starts.md").read_text())
-    return 0 if all(t["worked"] == t["tries"] for t in table if t["who"] == "nbdist") else 1
+    return 0 if all(t["worked"] == t["tries"] for t in table
+                    if t["who"] == "nbdist" and t["commit"] == commit) else 1
 
 
 if __name__ == "__main__":
