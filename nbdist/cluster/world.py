@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from .. import devices
+from .. import devices, open_files
 from ..control.channel import Listener
 from ..control.protocol import Rejoin, Stop
 from ..envflag import switched_on
@@ -99,8 +99,11 @@ class World:
     # ------------------------------------------------------------------ start
     def check(self) -> None:
         """Bad ``--iface``, ``--launcher``, ``--gpus``, ``--process-group`` or
-        ``--device-maps``: ValueError before anything starts (but the warm template, launched
-        first so that its ``import torch`` runs beside this process's, which planning needs)."""
+        ``--device-maps``, or too few open files allowed for the world's size: ValueError
+        before anything starts (but the warm template, launched first so that its ``import
+        torch`` runs beside this process's, which planning needs)."""
+        open_files.ensure(self.spec.world_size, self.spec.rpc
+                          and self.spec.tp_transports() is None)
         if self.spec.n:
             session().get_template().ensure_started()
         if self.spec.hosts:
