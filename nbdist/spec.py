@@ -24,7 +24,8 @@ AGGREGATE_FROM = 8  # workers from which equal lines of many ranks are merged by
 # transport maps about 17 MB of ring buffers per peer in each process and its listener's
 # backlog of 128 overflows when a big world's ranks all connect to rank 0 at once (plain
 # torch's ``init_rpc`` fails at 64 ranks here); over TCP a peer costs under 0.5 MB and the
-# kernel's accept queue retries instead of failing. Measured: bench/results/scale.md.
+# kernel's accept queue, which rank 0 lengthens as it joins (``proc/backlog.py``), takes
+# them all. Measured: bench/results/scale.md.
 SHM_TRANSPORT_UP_TO = 16
 TRANSPORTS = ("auto", "shm", "tcp")
 # A start's deadline unless --start-timeout gives one: a base, and per rank what a rank's

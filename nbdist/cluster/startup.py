@@ -26,11 +26,12 @@ from ..output.router import Router, StatusLine
 from ..patches import gloo_timeout, quiet, rpc_agent, rpc_hooks, rref_reset, tp_address
 from ..patches.torch_private import report_once
 from ..proc import membership
+from ..proc.backlog import Widener
 from ..rank_config import RankConfig
 from ..rank_info import RankInfo, describe_exit
 from ..rank_sets import SMALL, labels
 from ..shm import transport as shm
-from ..spec import WorldSpec
+from ..spec import SHM_TRANSPORT_UP_TO, WorldSpec
 
 __all__ = ["ARRIVED", "Cancelled", "Rank0", "StartWatch", "arrival_file", "torch_iface",
            "user_group_file", "worker_config"]
@@ -247,6 +248,7 @@ class Rank0(membership.Steps):
         self.rpc_store: Any = None  # rank 0's closable RPC rendezvous in a local world
         self.watch: StartWatch | None = None  # the start this join belongs to
         self.left = 1.0  # seconds of the start deadline left as init_rpc began
+        self.widened: list[int] = []  # ports of the listeners a big world's join widened
         self._excepthook = sys.excepthook  # init_process_group wraps it; leave() restores it
 
     def join(self, watch: StartWatch) -> None:
@@ -269,13 +271,20 @@ class Rank0(membership.Steps):
             except BaseException as exc:  # noqa: BLE001
                 box["error"] = exc
 
+        # a big world's ranks all connect to rank 0 as init_rpc ends: its listeners get long
+        # queues as soon as they open (backlog.py), looked for every 10 ms until it returns
+        widener = Widener() if ("init_rpc" in what
+                                and self.cfg.world_size > SHM_TRANSPORT_UP_TO) else None
         self.joiner = threading.Thread(target=target, daemon=True, name="nbdist-join")
         self.joiner.start()
         workers = {r for r in watch.ranks if r}
         while self.joiner.is_alive():
-            self.joiner.join(0.05)
+            if widener is not None:
+                widener.scan()
+            self.joiner.join(0.01 if widener is not None else 0.05)
             if self.joiner.is_alive():
                 watch.check(workers, what, cancellable=False)
+        self.widened = widener.widened if widener is not None else []
         if "error" not in box or "init_rpc" not in what:
             self.joiner = None
         # else kept: an init_rpc that failed after setting its agent (its last all-gather

@@ -8,6 +8,8 @@ shared-memory transport connects over abstract unix sockets, its TCP transport d
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import time
 
 import pytest
@@ -114,6 +116,12 @@ def test_a_small_world_keeps_shared_memory_and_a_big_one_uses_tcp(world):
     assert rpc.rpc_sync(c.names[-1], os.getpid) == c.ranks[SHM_TRANSPORT_UP_TO].pid
     c[:].call(os.getpid)
     assert _abstract_unix_sockets() == 0, "a big world's RPC should not use shared memory"
+    # every rank connects to rank 0 as init_rpc ends: its listeners were given long queues
+    assert c._world.rank0.widened, "a big world's join should widen rank 0's listeners"
+    if shutil.which("ss"):
+        ss = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, timeout=30).stdout
+        mine = [line.split()[2] for line in ss.splitlines() if f"pid={os.getpid()}," in line]
+        assert mine and "128" not in mine, f"rank 0's listeners' backlogs: {mine}"
 
 
 @pytest.mark.slow
