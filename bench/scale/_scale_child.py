@@ -7,8 +7,9 @@ Reports the seconds from the first fork until rank 0's ``init_rpc`` returned and
 ``rpc_async`` was answered by every rank, rank 0's RSS
 growth and the children's PSS, or the failure (rank 0's error, how many children failed).
 
-``python _scale_child.py once N``: ``nbdist.start(N - 1)``, a cell on every rank, a view call,
-stop: whether it worked, and the seconds of the start (``starts.py`` repeats it).
+``python _scale_child.py once N [HOSTS PER_HOST]``: ``nbdist.start(N - 1)`` (or across fake
+hosts, as below), a cell on every rank, a view call, stop: whether it worked, and the seconds
+of the start (``starts.py`` repeats it).
 
 ``python _scale_child.py nbdist N [HOSTS PER_HOST]``: ``nbdist.start(N - 1)`` (or, with HOSTS,
 rank 0 alone here and HOSTS fake hosts of PER_HOST ranks each, ``tests/fakehosts.py``); then a
@@ -176,6 +177,21 @@ def _timed(out: dict, key: str, frames: _Frames, fn: Any) -> Any:
     return value
 
 
+def _fake_hosts(hosts: int, per_host: int) -> tuple[Any, dict[str, Any]]:
+    """``hosts`` fake hosts of ``per_host`` ranks (network namespaces, tests/fakehosts.py),
+    or none, and the start's arguments for them; the caller closes the hosts."""
+    kw: dict[str, Any] = {"start_timeout": TIMEOUT, "quiet": True}
+    if not hosts:
+        return None, kw
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
+    from fakehosts import LAUNCHER, FakeHosts
+
+    fake = FakeHosts([f"s{i}" for i in range(hosts)])
+    kw.update(hosts={fake.ns[h]: per_host for h in fake.names}, iface=fake.address,
+              launcher=LAUNCHER)
+    return fake, kw
+
+
 def world(n: int, hosts: int = 0, per_host: int = 0) -> dict[str, Any]:
     import torch  # noqa: F401 - paid before the start, as a notebook's first cells do
 
@@ -184,15 +200,7 @@ def world(n: int, hosts: int = 0, per_host: int = 0) -> dict[str, Any]:
     frames = _Frames()
     out: dict[str, Any] = {"n": n, "who": "nbdist" if not hosts else
                            f"nbdist, {hosts} hosts x {per_host}"}
-    fake = None
-    kw: dict[str, Any] = {"start_timeout": TIMEOUT, "quiet": True}
-    if hosts:
-        sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
-        from fakehosts import LAUNCHER, FakeHosts
-
-        fake = FakeHosts([f"s{i}" for i in range(hosts)])
-        kw.update(hosts={fake.ns[h]: per_host for h in fake.names}, iface=fake.address,
-                  launcher=LAUNCHER)
+    fake, kw = _fake_hosts(hosts, per_host)
     before = _rss_mb()
     c = None
     try:
@@ -227,24 +235,30 @@ def world(n: int, hosts: int = 0, per_host: int = 0) -> dict[str, Any]:
     return out
 
 
-def once(n: int) -> dict[str, Any]:
+def once(n: int, hosts: int = 0, per_host: int = 0) -> dict[str, Any]:
     import torch  # noqa: F401 - paid before the start, as in ``world``
 
     import nbdist
 
-    out: dict[str, Any] = {"n": n, "who": "nbdist"}
-    t0 = time.perf_counter()
-    c = nbdist.start(n - 1, start_timeout=TIMEOUT, quiet=True)
+    out: dict[str, Any] = {"n": n, "who": "nbdist" if not hosts else
+                           f"nbdist, {hosts} hosts x {per_host}"}
+    fake, kw = _fake_hosts(hosts, per_host)
     try:
-        out["start_s"] = round(time.perf_counter() - t0, 3)
-        got = c.run("import os\nos.getpid()", show=False)
-        want = {r: c.ranks[r].pid for r in range(1, n)}
-        if {r: int(v) for r, v in got.items()} != want or c[:].call(os.getpid) != want:
-            out["error"] = "a cell or a view call did not reach every rank"
-    finally:
         t0 = time.perf_counter()
-        c.stop()
-        out["stop_s"] = round(time.perf_counter() - t0, 3)
+        c = nbdist.start(0 if hosts else n - 1, **kw)
+        try:
+            out["start_s"] = round(time.perf_counter() - t0, 3)
+            got = c.run("import os\nos.getpid()", show=False)
+            want = {r: c.ranks[r].pid for r in range(1, n)}  # a host's rank: its own pid
+            if {r: int(v) for r, v in got.items()} != want or c[:].call(os.getpid) != want:
+                out["error"] = "a cell or a view call did not reach every rank"
+        finally:
+            t0 = time.perf_counter()
+            c.stop()
+            out["stop_s"] = round(time.perf_counter() - t0, 3)
+    finally:
+        if fake is not None:
+            fake.close()
     return out
 
 
@@ -252,11 +266,9 @@ def main() -> None:
     what, n = sys.argv[1], int(sys.argv[2])
     if what == "plain":
         result = plain(n, sys.argv[3])
-    elif what == "once":
-        result = once(n)
     else:
         hosts, per = (int(sys.argv[3]), int(sys.argv[4])) if len(sys.argv) > 4 else (0, 0)
-        result = world(n, hosts, per)
+        result = (once if what == "once" else world)(n, hosts, per)
     sys.stdout.flush()
     print("RESULT " + json.dumps(result), flush=True)
 

@@ -1,9 +1,10 @@
 """Big worlds start every time: nbdist's start of N ranks repeated, beside plain torch's.
 
 ``python bench/scale/starts.py`` (part of ``make bench``): for N = 64, 128 and 256 ranks on this
-machine, ``--repeat`` (10) fresh processes each start a world of N ranks (``_scale_child.py
-once``: start, a cell on every rank, a view call, stop), and plain torch's ``init_rpc`` with
-its own transports (what a script gets) is tried ``--plain`` (3) times at each N. Each attempt's
+machine, and with root 8 fake hosts x 16 ranks (``--no-hosts``: not), ``--repeat`` (10) fresh
+processes each start a world of N ranks (``_scale_child.py once``: start, a cell on every
+rank, a view call, stop), and plain torch's ``init_rpc`` with its own transports (what a
+script gets) is tried ``--plain`` (3) times at each N on this machine. Each attempt's
 outcome is counted, none hidden: how many of the tries worked, the start's seconds (min,
 median, max) and the first error of each kind. Writes ``bench/results/scale_starts.json`` and
 ``scale_starts.md``; with ``--sizes``, the rows not measured again (other sizes, or plain torch
@@ -26,7 +27,7 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]
 import _common  # noqa: E402
 from _scale_child import count_names  # noqa: E402
-from scale import _child  # noqa: E402
+from scale import HOSTS, _child, can_make_namespaces  # noqa: E402
 
 __all__ = ["main"]
 
@@ -90,21 +91,29 @@ def _markdown(table: list[dict], commit: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     _common.add_arguments(ap)
-    ap.add_argument("--sizes", default=None, help="comma list of N (default 64,128,256)")
+    ap.add_argument("--sizes", default=None,
+                    help="comma list of N (default 64,128,256; none: the hosts only)")
     ap.add_argument("--repeat", type=int, default=10, help="nbdist starts at each N")
     ap.add_argument("--plain", type=int, default=3, help="plain torch tries at each N")
+    ap.add_argument("--hosts", action=argparse.BooleanOptionalAction, default=True,
+                    help="also start 8 fake hosts x 16 ranks (root: network namespaces)")
     args = ap.parse_args(argv)
     out = _common.out_dir(args)
     sizes = (4,) if args.smoke else SIZES
     if args.sizes:
-        sizes = tuple(int(s) for s in args.sizes.split(","))
+        sizes = () if args.sizes == "none" else tuple(int(s) for s in args.sizes.split(","))
     repeat, plain = (2, 1) if args.smoke else (args.repeat, args.plain)
     import torch
 
+    runs = [(n, [("nbdist", ("once", n), repeat),
+                 ("plain torch (default)", ("plain", n, "default"), plain)]) for n in sizes]
+    if args.hosts and not args.smoke and can_make_namespaces() is None:
+        hosts, per = HOSTS
+        runs.append((hosts * per + 1, [(f"nbdist, {hosts} hosts x {per}",
+                                        ("once", hosts * per + 1, hosts, per), repeat)]))
     table = []
-    for n in sizes:
-        for who, argv_, tries in (("nbdist", ("once", n), repeat),
-                                  ("plain torch (default)", ("plain", n, "default"), plain)):
+    for n, contenders in runs:
+        for who, argv_, tries in contenders:
             if not tries:  # not measured now: with --sizes, the row already there stays
                 continue
             rows = []
@@ -123,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     (out / "scale_starts.md").write_text(_markdown(table, commit))
     print((out / "scale_starts.md").read_text())
     return 0 if all(t["worked"] == t["tries"] for t in table
-                    if t["who"] == "nbdist" and t["commit"] == commit) else 1
+                    if t["who"].startswith("nbdist") and t["commit"] == commit) else 1
 
 
 if __name__ == "__main__":
