@@ -22,36 +22,34 @@ BACKLOG = 4096
 
 
 class Widener:
-    """Widens each TCP listener of this process once; ``scan`` is cheap to call often."""
+    """Widens each TCP listener of this process once; ``scan`` is cheap to call often.
+
+    Only descriptors that were not open at the last scan are looked at (reading the links of
+    all of them took 17 ms at rank 0's 2,400 descriptors of a 256-rank world, beyond the 10 ms
+    between scans), so a listener whose number was closed and reused between two scans is
+    not seen: TensorPipe's are opened once, as its agent starts."""
 
     def __init__(self, backlog: int = BACKLOG) -> None:
         self.backlog = backlog
         self.widened: list[int] = []  # the ports given a long queue, in order
-        self._seen: set[tuple[int, str]] = set()  # (fd, "socket:[inode]") looked at
+        self._open: set[str] = set()  # the descriptors open at the last scan
 
     def scan(self) -> int:
         """Widen the listeners opened since the last scan; how many were."""
         before = len(self.widened)
         try:
-            fds = os.listdir("/proc/self/fd")
+            now = set(os.listdir("/proc/self/fd"))
         except OSError:
             return 0
-        for name in fds:
-            fd = int(name)
-            try:
-                link = os.readlink(f"/proc/self/fd/{name}")
-            except OSError:  # closed since the listing
-                continue
-            if not link.startswith("socket:") or (fd, link) in self._seen:
-                continue
-            self._seen.add((fd, link))
-            self._widen(fd)
+        for name in now - self._open:
+            self._widen(int(name))
+        self._open = now
         return len(self.widened) - before
 
     def _widen(self, fd: int) -> None:
         try:
             sock = socket.socket(fileno=fd)
-        except OSError:  # closed, or not a socket any more
+        except OSError:  # closed since the listing, or not a socket
             return
         try:
             if (sock.family in (socket.AF_INET, socket.AF_INET6)
