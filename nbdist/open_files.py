@@ -34,14 +34,14 @@ def ensure(world_size: int, shm: bool) -> int | None:
     if soft == resource.RLIM_INFINITY or soft >= want:
         return None
     if hard != resource.RLIM_INFINITY and hard < want:
-        fit = max((hard - BASE) // PER_PEER["shm" if shm else "tcp"], 0)
+        per = PER_PEER["shm" if shm else "tcp"]
         how = "shared memory" if shm else "TCP"
         raise ValueError(
             f"a world of {world_size} ranks needs about {want:,} open files in this process "
-            f"(rank 0 keeps about {PER_PEER['shm' if shm else 'tcp']} per peer over {how}), "
+            f"(rank 0 keeps about {per} per peer over {how}), "
             f"and this process may open at most {hard:,} (`ulimit -Hn`). Raise the hard "
             "limit (limits.conf, or LimitNOFILE= for a service) and restart the kernel, or "
-            f"start at most {fit} workers" + ("" if not shm else
-                                              " (or use `--rpc-transport tcp`)"))
+            f"start at most {max((hard - BASE) // per, 0)} workers"
+            + (" (or use `--rpc-transport tcp`)" if shm else ""))
     resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
     return want
