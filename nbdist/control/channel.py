@@ -23,6 +23,7 @@ import threading
 import time
 
 from ..errors import DistTimeoutError
+from ..wake_flag import WakeFlag
 from .protocol import HEADER, Message, decode, encode, frame_length
 
 __all__ = [
@@ -77,8 +78,7 @@ class Channel:
         self._seq = itertools.count(1)
         self._drop_upto = 0  # droppable frames with a number up to this are not written
         self.dropped_bytes = 0
-        self._wake = threading.Lock()
-        self._wake.acquire()
+        self._wake = WakeFlag()  # the writer's: interrupt-proof, as send() must be
         self._writer: threading.Thread | None = None
         if threaded:
             self._writer = threading.Thread(target=self._write_loop, daemon=True,
@@ -112,7 +112,7 @@ class Channel:
             self._queued_bytes += len(payload)
         # one atomic step: an interrupt lands before or after, never inside
         self._queue.append((payload, droppable, next(self._seq)))
-        self._poke()
+        self._wake.set()
         return len(payload)
 
     def send_frame(self, payload: bytes) -> None:
@@ -124,7 +124,7 @@ class Channel:
         with self._bytes_lock:
             self._queued_bytes += len(payload)
         self._queue.append((bytes(payload), False, next(self._seq)))
-        self._poke()
+        self._wake.set()
 
     def _full(self) -> bool:
         return len(self._queue) >= QUEUE_LIMIT or self._queued_bytes >= QUEUE_BYTES
@@ -142,14 +142,8 @@ class Channel:
         done = threading.Lock()
         done.acquire()
         self._queue.append(done)
-        self._poke()
+        self._wake.set()
         return done.acquire(timeout=timeout)
-
-    def _poke(self) -> None:
-        try:
-            self._wake.release()
-        except RuntimeError:  # already awake
-            pass
 
     def _write_loop(self) -> None:
         queue = self._queue
@@ -171,7 +165,7 @@ class Channel:
                     item.release()  # a drain marker
             if self._closed:
                 return
-            self._wake.acquire(timeout=1.0)
+            self._wake.wait(1.0)
 
     def _write_frame(self, payload: bytes) -> None:
         self.sock.sendall(HEADER.pack(len(payload)))
@@ -225,7 +219,7 @@ class Channel:
         if self._closed:
             return
         self._closed = True
-        self._poke()
+        self._wake.set()
         writer = self._writer
         if writer is not None and writer is not threading.current_thread():
             writer.join(timeout)

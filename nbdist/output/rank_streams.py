@@ -22,6 +22,7 @@ from typing import Any
 
 from ..control.protocol import Output
 from ..patches import quiet
+from ..wake_flag import WakeFlag
 
 __all__ = ["ChannelStream", "capture_fds"]
 
@@ -37,7 +38,9 @@ class _Streams:
         self.all: weakref.WeakSet[ChannelStream] = weakref.WeakSet()
         self.flusher: threading.Thread | None = None
         self.lock = threading.Lock()
-        self.wake = threading.Event()  # set by the first write into an empty buffer
+        # set by the first write into an empty buffer; not an Event: a print interrupted
+        # inside Event.set() left its lock held and hung every later print (wake_flag.py)
+        self.wake = WakeFlag()
 
     def add(self, stream: ChannelStream) -> None:
         with self.lock:
@@ -96,11 +99,10 @@ class ChannelStream(io.TextIOBase):
 
 def _flush_loop() -> None:
     """Wait for a first write, let more come for ``_FLUSH_EVERY``, send them all. A write whose
-    wake-up the ``clear`` drops came before it, so the flush after it takes that write."""
+    wake-up the ``wait`` takes came before it, so the flush after it takes that write."""
     wake = _STREAMS_PER_PROCESS.wake
     while True:
         wake.wait()
-        wake.clear()
         time.sleep(_FLUSH_EVERY)
         for s in list(_STREAMS_PER_PROCESS.all):
             s.flush()

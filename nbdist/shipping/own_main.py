@@ -25,6 +25,7 @@ __all__ = ["UNCHANGED", "WAIT", "forget_peers", "main_namespace", "mark_sent", "
            "outgoing", "sender_wins"]
 
 WAIT = 30.0  # seconds a receiver waits for a value a racing request is bringing
+_RACE_POLL = 0.001  # seconds between its looks (the race is rare)
 
 
 class _Unchanged:
@@ -64,7 +65,9 @@ class _ValuesInWorld:
         # token, so it must not be reused while remembered)
         self.sent: dict[tuple[str, str], Any] = {}
         self.have: set[tuple[str, str]] = set()  # receiver: (sender, name) whose value arrived
-        self.cv = threading.Condition()
+        # a C RLock, not a Condition: an interrupt landing in Condition's Python code could
+        # leave it held (wake_flag.py); a receiver waiting polls
+        self.lock = threading.RLock()
 
 
 _MIRROR_PER_PROCESS = _Mirror()
@@ -94,7 +97,7 @@ def forget_peers() -> None:
     """Its ranks hold none of our values, and no sender's arrived: as a new world."""
     world = _world()
     world.sent.clear()
-    with world.cv:
+    with world.lock:
         world.have.clear()
 
 
@@ -144,7 +147,7 @@ def merge(sender: str, entries: tuple, ns: dict) -> None:
     mirrored = _MIRROR_PER_PROCESS.mirrored
     force = getattr(_SENDER_WINS_PER_PROCESS, "on", False)
     waiting = []
-    with st.cv:
+    with st.lock:
         for name, value in entries:
             key = (sender, name)
             if value is UNCHANGED:
@@ -158,14 +161,13 @@ def merge(sender: str, entries: tuple, ns: dict) -> None:
                 mirrored[name] = value
             else:
                 mirrored.pop(name, None)  # this rank's own binding: never overwritten
-        st.cv.notify_all()
-        if not waiting:
-            return
-        give_up = time.monotonic() + WAIT
-        for key in waiting:
-            while key not in st.have and key[1] not in ns:
-                left = give_up - time.monotonic()
-                if left <= 0:
-                    raise RuntimeError(f"nbdist: the notebook global {key[1]!r} never reached "
-                                       f"this rank within {WAIT:.0f}s")
-                st.cv.wait(min(left, 0.5))
+    if not waiting:
+        return
+    give_up = time.monotonic() + WAIT
+    for key in waiting:
+        while key not in st.have and key[1] not in ns:  # the racing request, polled
+            left = give_up - time.monotonic()
+            if left <= 0:
+                raise RuntimeError(f"nbdist: the notebook global {key[1]!r} never reached "
+                                   f"this rank within {WAIT:.0f}s")
+            time.sleep(min(left, _RACE_POLL))

@@ -116,6 +116,7 @@ def register_patched(*module_names: str) -> None:
 CODE_WAIT = 30.0  # seconds a callee waits for the request that defines a digest it was sent
 _KEEP_CODES = 4096  # code objects remembered by a caller (then forgotten: sent again in full)
 _KEEP_KNOWN = 65536  # code objects remembered by a callee
+_RACE_POLL = 0.001  # seconds between looks for the code a racing request brings (rare)
 
 
 
@@ -134,7 +135,9 @@ class _Shipped:
         self.by_digest: dict[str, types.FunctionType] = {}  # the original, or the copy built
         self.twins: dict[str, types.FunctionType] = {}  # digest -> this rank's own twin
         self.known: dict[str, tuple] = {}  # digest -> static parts of a function, callee side
-        self.known_cv = threading.Condition()
+        # a C RLock, not a Condition: an interrupt landing in Condition's Python code (an RPC
+        # function unpickling a nested call's result) could leave it held (wake_flag.py)
+        self.known_lock = threading.RLock()
         self.nonce: list = [os.urandom(6).hex(), itertools.count(1)]  # prefix, counter
         self.tls = _Tls()  # per thread: the request being pickled
         self.classes_whole: weakref.WeakSet = weakref.WeakSet()  # attributes all set here
@@ -282,7 +285,7 @@ def _build(digest: str, static: tuple, base_globals: dict | None) -> types.Funct
     func.__doc__ = doc
     if annotations:
         func.__annotations__ = dict(annotations)
-    with shipped.known_cv:
+    with shipped.known_lock:
         hit = shipped.by_digest.get(digest)
         if hit is not None:  # another thread built it meanwhile
             return hit
@@ -325,11 +328,10 @@ def _make_new(digest: str, static: tuple, filename: str, lines: list[str] | None
     if lines is not None and filename not in linecache.cache:
         linecache.cache[filename] = (sum(map(len, lines)), None, lines, filename)
     if digest not in shipped.known:
-        with shipped.known_cv:
+        with shipped.known_lock:
             if len(shipped.known) >= _KEEP_KNOWN:
                 shipped.known.pop(next(iter(shipped.known)))
             shipped.known[digest] = static
-            shipped.known_cv.notify_all()
     return _build(digest, static, base_globals)
 
 
@@ -342,13 +344,12 @@ def _make_known(digest: str, base_globals: dict | None) -> types.FunctionType:
     static = shipped.known.get(digest)
     if static is None:
         give_up = time.monotonic() + CODE_WAIT
-        with shipped.known_cv:
-            while (static := shipped.known.get(digest)) is None:
-                left = give_up - time.monotonic()
-                if left <= 0:
-                    raise RuntimeError(f"nbdist: the code of a notebook function ({digest}) "
-                                       f"never reached this rank within {CODE_WAIT:.0f}s")
-                shipped.known_cv.wait(min(left, 0.5))
+        while (static := shipped.known.get(digest)) is None:  # the racing request, polled
+            left = give_up - time.monotonic()
+            if left <= 0:
+                raise RuntimeError(f"nbdist: the code of a notebook function ({digest}) "
+                                   f"never reached this rank within {CODE_WAIT:.0f}s")
+            time.sleep(min(left, _RACE_POLL))
     return _build(digest, static, base_globals)
 
 

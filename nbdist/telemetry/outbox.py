@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..wake_flag import WakeFlag
 from .values import PLAIN, Opaque
 
 __all__ = ["BATCH_ROWS", "add_source", "flush_worker", "pending_count", "queue",
@@ -39,7 +40,9 @@ class _Outbox:
         self.sources: list[Callable[[], list[dict]]] = []  # more internal records, per flush
         self.sent = 0  # rows the flusher has taken so far (log() watches it while it waits)
         self.name = "worker"
-        self.woken = threading.Event()  # something was queued into an empty queue
+        # something was queued into an empty queue; not an Event: log() interrupted inside
+        # Event.set() left its lock held and hung every later log() (wake_flag.py)
+        self.woken = WakeFlag()
 
 
 _OUTBOX_PER_PROCESS = _Outbox()
@@ -96,7 +99,8 @@ def _flush_loop(channel: Any, rank: int) -> None:
     while True:
         if not (box.rows or box.internal):
             box.woken.wait(_IDLE_POLL)
-        box.woken.clear()
+        else:
+            box.woken.clear()
         time.sleep(_FLUSH_EVERY)
         try:
             flush_worker(channel, rank)
