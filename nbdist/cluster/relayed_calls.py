@@ -4,8 +4,9 @@ call only RPC can carry (an ``RRef`` in it: ``pickled`` says None) goes as an RP
 
 The futures are the ones ``views.CallFuture`` waits on for ``rpc_async``'s, so waiting,
 Ctrl-C, a dead rank and the error a rank raised read as for a call over RPC. A rank that does
-not answer within its timeout (and ``GRACE`` more: the rank's own RPC to itself times out
-first) fails with torch's words for a timeout.
+not answer within the call's timeout, counted from the send as torch's caller counts it,
+fails with torch's words for a timeout (a timeout of 0: none, as torch's); the rank runs the
+function itself and keeps no clock of its own.
 """
 
 from __future__ import annotations
@@ -20,9 +21,8 @@ from ..errors import WorkerDiedError
 from ..rank_info import RankInfo
 from ..shipping.pickler import dumps
 
-__all__ = ["GRACE", "TIMED_OUT", "RelayedCalls"]
+__all__ = ["TIMED_OUT", "RelayedCalls"]
 
-GRACE = 5.0
 TIMED_OUT = "ran for more than set timeout"  # torch's words, which views.CallFuture reads
 
 
@@ -34,8 +34,8 @@ class RelayedCalls:
         self._ranks, self._ids, self._send_all = ranks, ids, send_all
         self._lock = threading.Lock()
         self._waiting: dict[tuple[int, int], Any] = {}  # (call id, rank) -> its Future
-        self._timers: dict[int, tuple[threading.Timer, int]] = {}  # call id -> (its timer,
-        # how many of its ranks have not answered)
+        self._timers: dict[int, tuple[threading.Timer | None, int]] = {}  # call id -> (its
+        # timer, how many of its ranks have not answered)
 
     @staticmethod
     def pickled(call: tuple) -> bytes | None:
@@ -52,13 +52,16 @@ class RelayedCalls:
 
         call_id = next(self._ids)
         futures = {r: torch.futures.Future() for r in ranks}
-        timer = threading.Timer(timeout + GRACE, self._expire, (call_id, ranks, timeout))
-        timer.daemon = True
+        timer = None
+        if timeout > 0:
+            timer = threading.Timer(timeout, self._expire, (call_id, ranks, timeout))
+            timer.daemon = True
         with self._lock:
             for r, fut in futures.items():
                 self._waiting[(call_id, r)] = fut
             self._timers[call_id] = (timer, len(ranks))
-        timer.start()
+        if timer is not None:
+            timer.start()
         reached = set(self._send_all(ranks, Call(call_id, payload, timeout)))
         for r in ranks:
             if r not in reached:

@@ -2,7 +2,7 @@
 
 A call through a view sends one RPC per rank at once (``rpc_async`` to each, then one wait
 for all; a call, push or pull reaches the ranks of another host in one frame to its join
-agent, each rank running it as an RPC to itself: ``relayed_calls``) and returns ``{rank:
+agent, each rank running it as an RPC function: ``relayed_calls``) and returns ``{rank:
 value}`` of real objects: notebook functions and classes travel by value and large CPU
 tensors between local ranks over shared memory, as every RPC does here.
 Rank 0, the notebook, is in no view: ``c[:]`` is every worker. A rank that raises or dies is

@@ -530,8 +530,9 @@ class Relayed(Message):
 class Call(Message):
     """N→W: a view's call (``c[:].call``, ``push``, ``pull``) relayed to a host's ranks:
     ``payload`` is ``(fn, args, kwargs)`` pickled once with nbdist's shipping rules; the rank
-    runs it as an RPC to itself (so it is interrupted, flushed and pickled as any RPC function
-    is), within ``timeout`` seconds, and answers ``Returned``."""
+    runs it as its RPC server runs a Python function (so it is interrupted, flushed and fails
+    as any RPC function does) and answers ``Returned``; the notebook holds it to ``timeout``
+    seconds."""
 
     TAG: ClassVar[str] = "call"
     call_id: int

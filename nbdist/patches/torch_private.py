@@ -188,9 +188,11 @@ PRIVATES: tuple[Private, ...] = (
     Private("shipping", _CP, "Pickler.globals_ref", _is(dict), _CP_OK, lookup=_globals_ref),
     # thread_states: every thread that unpickles an RPC message keeps its Python state
     Private("thread_states", _INTERNAL, "_internal_rpc_pickler.deserialize", _arity(2)),
-    # callee: RPC functions registered while they run (interrupts, output before the reply)
+    # callee: RPC functions registered while they run (interrupts, output before the reply),
+    # and a relayed view call run on its rank as one (``rpc_hooks.run_as_rpc_function``)
     Private("callee", _INTERNAL, "_run_function", _arity(1)),
     Private("callee", _INTERNAL, "RemoteException", _is(type)),
+    Private("callee", _INTERNAL, "PythonUDF", _python_udf),
     Private("callee", _C, "_get_current_rpc_agent", _arity(0)),
     # caller: an interruptible rpc_sync
     Private("caller", _API, "_invoke_rpc", _arity(6)),

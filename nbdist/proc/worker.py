@@ -461,10 +461,13 @@ class Worker:
                 os._exit(0)
 
     def _call(self, msg: Call) -> None:
-        """A view's call that came through the agent: run as an RPC to this rank itself, so
-        interrupts, output and pickling are an RPC function's; the answer goes back the way
-        the call came (the agent waits for its other ranks' and sends theirs in one frame),
-        after what the call printed went on the control channel (``after_call`` flushed it)."""
+        """A view's call that came through the agent: run on this thread as an RPC function
+        (``rpc_hooks.run_as_rpc_function``: interrupts, output and failures are an RPC
+        function's), else (an ``async_execution`` function, or torch's callee not patched) as
+        an RPC to this rank itself; the answer goes back the way the call came (the agent
+        waits for its other ranks' and sends theirs in one frame), after what the call printed
+        went on the control channel (``after_call`` flushed it). The notebook keeps the call's
+        timeout."""
         import pickle
 
         import torch.distributed.rpc as rpc
@@ -473,8 +476,10 @@ class Worker:
 
         try:
             fn, args, kwargs = pickle.loads(msg.payload)
-            value = rpc.rpc_sync(self.cfg.name, fn, args=args, kwargs=kwargs,
-                                 timeout=msg.timeout)
+            value = rpc_hooks.run_as_rpc_function(fn, args, kwargs)
+            if value is NotImplemented:
+                value = rpc.rpc_sync(self.cfg.name, fn, args=args, kwargs=kwargs,
+                                     timeout=msg.timeout)
             reply = Returned(self.rank, msg.call_id, "ok", dumps(value))
         except BaseException as exc:  # noqa: BLE001 - the caller's to see, as over RPC
             reply = Returned(self.rank, msg.call_id, "error", b"", type(exc).__name__,

@@ -48,6 +48,17 @@ def _odd_fails() -> int:
     return _rank()
 
 
+def _fails_alike() -> None:
+    raise ValueError("the same on every rank, in C:\\new")  # torch unescapes the text
+
+
+@rpc.functions.async_execution
+def _later(n: int):
+    fut = torch.futures.Future()
+    fut.set_result(n + _rank())
+    return fut
+
+
 def _naps(n: int) -> int:
     for _ in range(n):
         time.sleep(0.05)
@@ -204,6 +215,23 @@ def test_a_view_calls_errors_name_each_rank(bed):
         assert failed[r].etype == "ValueError" and failed[r].message == f"odd {r}"
         assert "_odd_fails" in failed[r].traceback
     assert info.value.results == {r: r for r in REMOTE if r not in odd}
+
+
+def test_a_relayed_call_fails_as_the_same_call_over_rpc(bed):
+    """Rank 1 is local: torch's RPC carries the call; rank 2's agent relays it and the rank
+    runs it as its RPC server would. What each raised reads the same."""
+    fh, c = bed
+    with pytest.raises(DistCallError) as info:
+        c[[1, 2]].call(_fails_alike)
+    over_rpc, relayed = sorted(info.value.failures, key=lambda f: f.rank)
+    assert (over_rpc.rank, relayed.rank) == (1, 2)
+    assert over_rpc.shape() == relayed.shape(), (over_rpc, relayed)
+    assert relayed.etype == "ValueError" and "_fails_alike" in relayed.traceback
+
+
+def test_an_async_execution_function_through_the_relay(bed):
+    fh, c = bed
+    assert c[:].call(_later, 100) == {r: 100 + r for r in [1, *REMOTE]}
 
 
 def test_a_view_call_past_its_timeout_is_interrupted_on_every_rank(bed):
