@@ -1,7 +1,8 @@
 """Big worlds start every time: nbdist's start of N ranks repeated, beside plain torch's.
 
 ``python bench/scale/starts.py`` (part of ``make bench``): for N = 64, 128 and 256 ranks on this
-machine, and with root 8 fake hosts x 16 ranks (``--no-hosts``: not), ``--repeat`` (10) fresh
+machine, and with root fake hosts (``--host-shapes``: 8 x 16 and 8 x 32 ranks, a 256-rank world
+across hosts; ``--no-hosts``: none), ``--repeat`` (10) fresh
 processes each start a world of N ranks (``_scale_child.py once``: start, a cell on every
 rank, a view call, stop), and plain torch's ``init_rpc`` with its own transports (what a
 script gets) is tried ``--plain`` (3) times at each N on this machine. Each attempt's
@@ -32,6 +33,18 @@ from scale import HOSTS, _child, can_make_namespaces  # noqa: E402
 __all__ = ["main"]
 
 SIZES = (64, 128, 256)
+SHAPES = f"{HOSTS[0]}x{HOSTS[1]},{HOSTS[0]}x{2 * HOSTS[1]}"  # 128 and 256 ranks across hosts
+
+
+def _shapes(ap: argparse.ArgumentParser, text: str) -> list[tuple[int, int]]:
+    """``"8x16,8x32"`` as [(8, 16), (8, 32)]; a malformed one is refused in the flag's terms."""
+    shapes = []
+    for part in filter(None, text.split(",")):
+        hosts, _, per = part.strip().partition("x")
+        if not (hosts.isdigit() and per.isdigit() and int(hosts) > 0 and int(per) > 0):
+            ap.error(f"--host-shapes: {part!r} is not HOSTSxRANKS, such as 8x16")
+        shapes.append((int(hosts), int(per)))
+    return shapes
 
 
 def _error_kind(error: str) -> str:
@@ -96,8 +109,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=10, help="nbdist starts at each N")
     ap.add_argument("--plain", type=int, default=3, help="plain torch tries at each N")
     ap.add_argument("--hosts", action=argparse.BooleanOptionalAction, default=True,
-                    help="also start 8 fake hosts x 16 ranks (root: network namespaces)")
+                    help="also start worlds on fake hosts (root: network namespaces)")
+    ap.add_argument("--host-shapes", default=SHAPES,
+                    help=f"comma list of HOSTSxRANKS for --hosts (default {SHAPES})")
     args = ap.parse_args(argv)
+    shapes = _shapes(ap, args.host_shapes)
     out = _common.out_dir(args)
     sizes = (4,) if args.smoke else SIZES
     if args.sizes:
@@ -108,9 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     runs = [(n, [("nbdist", ("once", n), repeat),
                  ("plain torch (default)", ("plain", n, "default"), plain)]) for n in sizes]
     if args.hosts and not args.smoke and can_make_namespaces() is None:
-        hosts, per = HOSTS
-        runs.append((hosts * per + 1, [(f"nbdist, {hosts} hosts x {per}",
-                                        ("once", hosts * per + 1, hosts, per), repeat)]))
+        for hosts, per in shapes:
+            runs.append((hosts * per + 1, [(f"nbdist, {hosts} hosts x {per}",
+                                            ("once", hosts * per + 1, hosts, per), repeat)]))
     table = []
     for n, contenders in runs:
         for who, argv_, tries in contenders:
