@@ -17,12 +17,12 @@ import hashlib
 import hmac
 import itertools
 import os
-import select
 import socket
 import threading
 import time
 
 from ..errors import DistTimeoutError
+from ..fd_wait import readable
 from ..wake_flag import WakeFlag
 from .protocol import HEADER, Message, decode, encode, frame_length
 
@@ -195,7 +195,7 @@ class Channel:
                 if deadline is None:
                     deadline = time.monotonic() + FRAME_DEADLINE
                 left = deadline - time.monotonic()
-                if left <= 0 or not select.select([self._fd], [], [], left)[0]:
+                if left <= 0 or not readable((self._fd,), left):
                     raise ChannelClosed(f"{self.name} stopped in the middle of a frame")
             k = self.sock.recv_into(view[got:])
             if k == 0:
@@ -205,7 +205,7 @@ class Channel:
 
     def poll(self, timeout: float = 0.0) -> bool:
         """Whether a message (or EOF) is ready to read within ``timeout`` seconds."""
-        return bool(select.select([self._fd], [], [], max(timeout, 0.0))[0])
+        return bool(readable((self._fd,), max(timeout, 0.0)))
 
     def fileno(self) -> int:
         return self._fd

@@ -14,7 +14,6 @@ rank's frames keep their order.
 
 from __future__ import annotations
 
-import select
 import socket
 import time
 
@@ -31,6 +30,7 @@ from ..control.protocol import (
     Returned,
     decode,
 )
+from ..fd_wait import readable
 
 __all__ = ["HOLD", "WINDOW", "RankPipes"]
 
@@ -194,7 +194,7 @@ class RankPipes:
         the agent reports its exit."""
         pipe = self._chan.get(pid)
         if pipe is not None:
-            while select.select([pipe.fileno()], [], [], 0)[0] and pid in self._chan:
+            while pid in self._chan and readable((pipe.fileno(),), 0):
                 self.read(pipe.fileno())
             self._close(pid)
         self.flush(chan, force=True)

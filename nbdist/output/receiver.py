@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import collections
 import os
-import select
 import threading
 import time
 from collections.abc import Callable
@@ -40,6 +39,7 @@ from ..control.protocol import (
     decode,
 )
 from ..debugging.prompts import DebugDesk
+from ..fd_wait import readable
 from ..rank_info import RankInfo
 from ..telemetry import records, timing, tracing  # noqa: F401 - their internal-record handlers
 from .rich_output import RichOutput
@@ -53,7 +53,7 @@ TICK = 0.05  # seconds between two looks at held lines and live lines
 
 def _readable(fd: int) -> bool:
     try:
-        return bool(select.select([fd], [], [], 0)[0])
+        return bool(readable((fd,), 0))
     except (OSError, ValueError):
         return False
 
@@ -158,7 +158,7 @@ class Receiver:
                 wait = min(TICK, max(due - time.monotonic(), 0.002))
                 next_tick = min(next_tick, due)
             try:
-                ready, _, _ = select.select([self._wake_r, *by_fd], [], [], wait)
+                ready = readable([self._wake_r, *by_fd], wait)
             except (OSError, ValueError):  # a channel closed under us: look again
                 time.sleep(0.01)
                 continue

@@ -10,7 +10,6 @@ children) for ``NBDIST_TEMPLATE_IDLE`` seconds (default 600).
 from __future__ import annotations
 
 import os
-import select
 import shutil
 import signal
 import socket
@@ -31,6 +30,7 @@ from ..control.protocol import (
     Spawned,
     TemplateReady,
 )
+from ..fd_wait import readable
 from ..rank_config import RankConfig
 from .procstat import Sampler
 
@@ -213,7 +213,7 @@ def _wait(chan: Channel, relay: Any) -> bool:
     due = relay.due_in(time.monotonic())
     wait = 0.05 if due is None else min(0.05, due)
     try:
-        ready = select.select([chan.fileno(), *relay.fds()], [], [], wait)[0]
+        ready = readable([chan.fileno(), *relay.fds()], wait)
     except (OSError, ValueError):  # a pipe closed under us: look again
         return False
     for fd in ready:

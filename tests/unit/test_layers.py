@@ -20,7 +20,7 @@ PKG = ROOT / "nbdist"
 LAYERS = {
     "devices": 0, "envflag": 0, "errors": 0, "linux": 0, "spec": 0, "table": 0,
     "rank_sets": 0, "tracebacks": 0, "world_state": 0, "rank_config": 0, "rank_info": 0,
-    "thread_raise": 0, "open_files": 0, "wake_flag": 0,
+    "thread_raise": 0, "open_files": 0, "wake_flag": 0, "fd_wait": 0,
     "patches": 1, "shipping": 1, "shm": 1, "groups": 1, "telemetry": 1,
     "control": 2,
     "proc": 3, "hosts": 3,

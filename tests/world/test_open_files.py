@@ -79,3 +79,37 @@ def test_a_hard_limit_below_the_worlds_need_is_a_clear_error_and_starts_nothing(
         "a world of 16 ranks needs about 466 open files in this process"), out
     assert "at most 300" in out["error"] and "start at most 3 workers" in out["error"], out
     assert out["children"] == [], out
+
+
+BUSY_CHILD = r"""
+import json, os, resource, sys
+resource.setrlimit(resource.RLIMIT_NOFILE, (4096, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]  # a notebook with many files
+import nbdist
+out = {}
+c = nbdist.start(2, quiet=True, start_timeout=60)
+try:
+    out["channels"] = sorted(i.channel.fileno() for r, i in c.ranks.items() if r)
+    out["cell"] = c.run("print('heard')\n6 * 7", show=False, timeout=30)
+    out["view"] = c[:].call(os.getpid)
+    out["pids"] = {str(r): i.pid for r, i in c.ranks.items() if r}
+finally:
+    nbdist.stop()
+print("RESULT " + json.dumps(out, default=str), flush=True)
+"""
+
+
+# a fresh Python and a 3-rank world: ~5 s
+@pytest.mark.skipif(_hard() != resource.RLIM_INFINITY and _hard() < 4096,
+                    reason="the hard limit on open files leaves no room for 1,100 more")
+def test_control_channels_numbered_past_1024_are_heard():
+    """select() refuses a descriptor of 1024 or more: a notebook holding many files (or a
+    big world's rank 0, healing a rank) accepts control channels numbered past it, and the
+    receiver, which waited on them with select(), heard no rank (``nbdist/fd_wait.py``)."""
+    proc = subprocess.run([sys.executable, "-c", BUSY_CHILD],
+                          capture_output=True, text=True, timeout=180, start_new_session=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))[7:])
+    assert min(out["channels"]) > 1024, out
+    assert out["cell"] == {"1": "42", "2": "42"}, out
+    assert {str(k): v for k, v in out["view"].items()} == out["pids"], out
