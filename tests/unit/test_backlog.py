@@ -5,13 +5,14 @@ already widened, are left alone."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
 
 import pytest
 
-from nbdist.proc.backlog import BACKLOG, Widener
+from nbdist.proc.backlog import BACKLOG, RECHECK_EVERY, Widener
 
 
 def _queued(port: int, n: int) -> int:
@@ -67,3 +68,27 @@ def test_without_it_the_short_queue_refuses_to_hold_them():
     if got == 8:
         pytest.fail("a backlog of 1 held 8 connections: this kernel queues past the backlog")
     assert got < 8
+
+
+def test_a_descriptor_number_reused_by_a_listener_between_scans_is_widened():
+    """A socket closed and its number taken by a new listener between two scans (Gloo's
+    pairs come and go while TensorPipe opens its listeners) is found by the recheck."""
+    widener = Widener()
+    before = socket.socket()  # an unconnected TCP socket: not a listener
+    widener.scan()
+    number = before.fileno()
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    port = srv.getsockname()[1]
+    before.close()
+    os.dup2(srv.fileno(), number)  # the listener now holds the old number as well
+    srv.close()
+    srv = socket.socket(fileno=number)  # and only that one
+    try:
+        found = sum(widener.scan() for _ in range(RECHECK_EVERY))
+        assert found == 1 and widener.widened == [port]
+        assert widener.scan() == 0
+        assert _queued(port, 64) == 64
+    finally:
+        srv.close()
