@@ -8,6 +8,7 @@ the rendezvous opened by itself, the workers waited for)."""
 from __future__ import annotations
 
 import contextlib
+import traceback
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -18,6 +19,7 @@ from ..rank_config import RankConfig
 from ..shipping import pickler as shipping
 from ..shm import transport as shm
 from . import nccl
+from .lazy_gloo import lazy_connections
 
 __all__ = ["Runner", "Steps", "install_rpc_patches", "join", "join_group", "join_rpc",
            "leave", "let_user_groups_in", "rpc_joined"]
@@ -129,7 +131,8 @@ def join(cfg: RankConfig, steps: Steps) -> None:
     init_method, timeout, threads = steps.rpc_options()
     with steps.torch_calls():
         join_rpc(cfg.name, cfg.rank, cfg.world_size, init_method, timeout, cfg.device_maps,
-                 threads=threads, run=steps.run, transports=cfg.tp_transports)
+                 threads=threads, run=steps.run, transports=cfg.tp_transports,
+                 lazy_gloo=hosted is None)
         steps.after_rpc()
         rpc_joined(cfg.shm)
         if cfg.process_group:
@@ -160,9 +163,11 @@ def install_rpc_patches(after_call: Callable[[], None] | None = None) -> None:
 
 def join_rpc(name: str, rank: int, world_size: int, init_method: str, timeout: float,
              device_maps: dict | None, threads: int | None, run: Runner,
-             transports: list[str] | None = None) -> None:
+             transports: list[str] | None = None, lazy_gloo: bool = False) -> None:
     """``init_rpc`` as ``name``; ``threads``: TensorPipe's worker threads, ``transports``
-    its transports (None: torch's own; ``spec.WorldSpec.tp_transports``)."""
+    its transports (None: torch's own; ``spec.WorldSpec.tp_transports``); ``lazy_gloo``:
+    its Gloo group connects only the pairs it uses (``lazy_gloo``; every rank of a world
+    must agree: a world on one machine, whose rendezvous is files)."""
     import torch.distributed.rpc as rpc
 
     more: dict[str, Any] = {} if threads is None else {"num_worker_threads": threads}
@@ -172,8 +177,17 @@ def join_rpc(name: str, rank: int, world_size: int, init_method: str, timeout: f
                                            device_maps=device_maps or None, **more)
     init_rpc = getattr(rpc.init_rpc, "__nbdist_wrapped__", rpc.init_rpc)  # torch's own
     rpc_rerun.world_agent_joins()  # the agent about to be current is the world's
-    run(lambda: init_rpc(name, rank=rank, world_size=world_size,
-                         rpc_backend_options=opts), "join the RPC world (init_rpc)")
+    def joining() -> None:
+        try:
+            init_rpc(name, rank=rank, world_size=world_size, rpc_backend_options=opts)
+        except BaseException as exc:
+            # a failed init_rpc's frames hold its Gloo group (sockets, an epoll loop, a
+            # thread); the error, kept for the user to read, must not keep them open
+            traceback.clear_frames(exc.__traceback__)
+            raise
+
+    with lazy_connections() if lazy_gloo else contextlib.nullcontext():
+        run(joining, "join the RPC world (init_rpc)")
 
 
 def rpc_joined(shm_config: dict | None) -> None:
