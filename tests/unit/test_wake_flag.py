@@ -35,6 +35,16 @@ class _Hail:
         self.thread = threading.Thread(target=self._loop, daemon=True)
 
     def _loop(self) -> None:
+        # an interrupt can land on the handler's own bytecodes and the loop's back edge, not
+        # only inside ``step``: each level survives one that escapes the level inside it
+        for _ in range(1000):
+            try:
+                self._spin()
+                return
+            except KeyboardInterrupt:
+                continue
+
+    def _spin(self) -> None:
         while not self.stop:
             try:
                 while not self.stop:
