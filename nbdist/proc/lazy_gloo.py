@@ -10,9 +10,10 @@ torch that does not know the variable ignores it.
 
 Only a world on one machine asks for it (its rendezvous is a file store): across hosts,
 where the ranks meet at the notebook's store (``proc.store``), lazily connected pairs of a
-4 x 8 world waited out the store's deadline in the group's barrier, so those worlds keep
-Gloo's full mesh. Every rank of a world must agree: a rank that connects every pair waits
-for peers that never come.
+4 x 8 world once waited out the store's deadline in the group's barrier, an 8 x 32 world
+failed its one lazy start (its full mesh: 14 of 14), and an 8 x 16 world started no sooner
+lazily (34.9-37.3 s against 33.5 s), so those worlds keep Gloo's full mesh. Every rank
+of a world must agree: a rank that connects every pair waits for peers that never come.
 
 Measured on 2 cores (``bench/results/notes.md``): a 64-rank restart 3.4 -> 2.8 s (medians
 of 3 rounds); at 256 ranks, start and restart were shorter in 5 of 6 pairs, by up to half.
