@@ -175,9 +175,12 @@ class _WorldGone(BaseException):
     """Raised in a failed start's joining thread the moment Gloo gives it back."""
 
 
-#: Where torch's ``init_rpc`` builds its Gloo group: nothing of RPC's process-wide state is
-#: set yet, so a call stopped on its return leaves none behind.
-_GLOO_FRAME = ("_init_process_group", "torch/distributed/rpc/backend_registry.py")
+#: Where torch's ``init_rpc`` waits on its Gloo group's connections: as it builds the group
+#: (Gloo's full mesh) or in the group's first collective, the device maps' all-gather (a lazy
+#: group, ``proc.lazy_gloo``, connects its pairs there). Nothing of RPC's process-wide state
+#: is set yet in either, so a call stopped on its return leaves none behind.
+_BACKEND_REGISTRY = "torch/distributed/rpc/backend_registry.py"
+_BEFORE_AGENT = ("_init_process_group", "_tensorpipe_exchange_and_check_all_device_maps")
 
 
 def _abandon_in_gloo(joiner: threading.Thread) -> bool:
@@ -188,14 +191,18 @@ def _abandon_in_gloo(joiner: threading.Thread) -> bool:
     a rank killed while rank 0 joined a heal's world kept that thread there past the next
     start's deadline (issue 45, seed 6). The call holds only its own store and group, and
     the pending exception fires at its next Python instruction, before the RPC agent or any
-    of RPC's globals are set, so the next ``init_rpc`` need not wait for it."""
+    of RPC's globals are set, so the next ``init_rpc`` need not wait for it. The thread is
+    there when the innermost of its frames in torch's backend registry is one of
+    ``_BEFORE_AGENT`` (a lazy group waits below the all-gather's, in ``distributed_c10d``)."""
     from ..patches.torch_private import usable
 
     if not usable("restart"):
         return False
     frame = sys._current_frames().get(joiner.ident or -1)
-    if frame is None or (frame.f_code.co_name, frame.f_code.co_filename.replace(
-            os.sep, "/").endswith(_GLOO_FRAME[1])) != (_GLOO_FRAME[0], True):
+    while frame is not None and not frame.f_code.co_filename.replace(
+            os.sep, "/").endswith(_BACKEND_REGISTRY):
+        frame = frame.f_back
+    if frame is None or frame.f_code.co_name not in _BEFORE_AGENT:
         return False
     return raise_in(joiner.ident, _WorldGone)
 

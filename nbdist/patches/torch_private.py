@@ -206,10 +206,12 @@ PRIVATES: tuple[Private, ...] = (
     Private("restart", _API, "_all_gather_dict_lock", _lock),
     Private("restart", _API, "_all_gather_sequence_id", _is(dict)),
     Private("restart", _API, "_all_gather_sequence_id_to_states", _defaultdict),
-    # ... and where init_rpc builds its Gloo group: a failed start's join left waiting there
-    # is recognised by this frame (cluster.session._abandon_in_gloo)
+    # ... and where init_rpc builds its Gloo group and first uses it: a failed start's join
+    # left waiting there is recognised by these frames (cluster.session._abandon_in_gloo)
     Private("restart", "torch.distributed.rpc.backend_registry", "_init_process_group",
             _arity(3)),
+    Private("restart", "torch.distributed.rpc.backend_registry",
+            "_tensorpipe_exchange_and_check_all_device_maps", _arity(5)),
     # rerun: a cell's own init_rpc starts as a fresh process's; its agent ends if it fails
     Private("rerun", _API, "_is_current_rpc_agent_set", _arity(0)),
     Private("rerun", _API, "_get_current_rpc_agent", _arity(0)),

@@ -101,6 +101,7 @@ PINNED = {
     "torch.distributed.rpc.api._all_gather_sequence_id",
     "torch.distributed.rpc.api._all_gather_sequence_id_to_states",
     "torch.distributed.rpc.backend_registry._init_process_group",
+    "torch.distributed.rpc.backend_registry._tensorpipe_exchange_and_check_all_device_maps",
     "torch.distributed.rpc.api._is_current_rpc_agent_set",
     "torch.distributed.rpc.api._get_current_rpc_agent",
     "torch.distributed.rpc.api._ignore_rref_leak",
